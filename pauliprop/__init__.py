@@ -1,0 +1,22 @@
+"""pauliprop: a differentiable Pauli-path estimator on JAX.
+
+Estimates <psi|H|psi>, psi = U|state>, by propagating H backward through U as packed Pauli words
+with coefficients (Clifford conjugation, rotation splitting, duplicate merging, truncation), then
+taking the overlap with the initial state. See README.md and DESIGN.md.
+
+Precision: importing pauliprop does not change JAX's settings. Coefficients follow JAX's default
+float (float32, or float64 with jax_enable_x64); the exactness claims (agreement with the state
+vector to 1e-10) hold under jax_enable_x64, which the command-line tool and benchmarks turn on.
+"""
+
+from . import statevector
+from .circuit import Circuit, Instruction, Param
+from .gates import GATES, GateDef
+from .overlap import overlap
+from .paulisum import PauliSum
+from .propagate import PropagationStats, expectation, propagate
+from .truncation import Truncation
+
+__all__ = ["Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum", "PropagationStats", "Truncation",
+           "expectation", "overlap", "propagate", "statevector"]
+__version__ = "0.1.0"
