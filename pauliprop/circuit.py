@@ -212,7 +212,7 @@ class Circuit:
 
     @classmethod
     def from_qiskit(cls, qc) -> "Circuit":
-        """Convert a qiskit.QuantumCircuit (bound parameters; measurements and barriers are refused)."""
+        """Convert a qiskit.QuantumCircuit (bound parameters; barriers are skipped, measurements refused)."""
         from .qasm import circuit_from_qiskit
 
         return circuit_from_qiskit(qc)

@@ -1,46 +1,78 @@
-"""Duplicate merging, truncation and prefix-sum compaction of a candidate buffer.
+"""Duplicate merging, truncation and prefix-sum compaction of the term buffer.
 
-After a splitting gate the candidates (old terms and their new partners, 2C slots) hold duplicate
-words. We sort by a 64-bit fingerprint so equal words sit together, sum each run, apply the
-truncation rules, and scatter the survivors to the front of a C-slot buffer by prefix sum.
+Two ways to merge, chosen per gate:
 
-Sorting, measured (DESIGN.md section 4): XLA's sort of one uint64 key is fast on both backends,
-a key with a payload is fast on GPUs (radix) but 6x slower on CPUs. So on CPUs the run index is
-packed into the key's low bits; on GPUs the key is the full fingerprint and the index a payload.
-Fingerprints can collide: runs are checked word by word and a collision switches that gate to an
-exact lexicographic sort, so results never depend on hash luck. Without jax_enable_x64 the key is
-two uint32 halves (a slower two-key sort, same results).
+* `full_merge`: sort all candidates (old terms and new partners) by a 64-bit fingerprint key, sum
+  runs of equal words, truncate, compact. O(N log N); needed after Cliffords, which move words.
+* `insert_merge`: the buffer is kept sorted by key, so a rotation only sorts its new partner words
+  (the anticommuting fraction), binary-searches them into the buffer, adds coefficients of words
+  already there and splices the rest in by prefix sums. O(M log M + N) for M new words.
+
+Measured (DESIGN.md section 4 and experiments/merge_costs.txt): XLA sorts one uint64 key fast on
+both backends, but a key with a payload 6x slower on CPUs; so on CPUs the slot index is packed into
+the key's low bits, and on GPUs it is a payload. Fingerprints can collide: equal keys are checked
+word by word and a collision sends the gate to an exact lexicographic sort, so results never
+depend on hash luck. Without jax_enable_x64 the merge always takes the full path with a two-key
+uint32 sort (slower, same results).
 """
 
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
 from . import truncation as _t
 from . import words as _w
 
-
-def _x64() -> bool:
-    return jax.config.jax_enable_x64
+DEAD_KEY = np.uint64((1 << 64) - 1)
 
 
-def _fingerprint_order(h1, h2, live):
-    """Permutation putting live words first, ordered by fingerprint (dead slots last)."""
-    m = h1.shape[0]
-    idx = jnp.arange(m, dtype=jnp.int32)
-    if not _x64():
-        dead = (~live).astype(jnp.uint32)
-        return lax.sort((dead, h1, h2, idx), num_keys=3)[-1]
-    key = (h1.astype(jnp.uint64) << 32) | h2.astype(jnp.uint64)
-    key = (key >> 1) | (jnp.where(live, 0, 1).astype(jnp.uint64) << 63)  # dead slots sort last
-    if jax.default_backend() == "cpu":
-        nb = max(1, (m - 1).bit_length())
-        low = jnp.uint64((1 << nb) - 1)
-        packed = (key & ~low) | idx.astype(jnp.uint64)
-        return (lax.sort(packed) & low).astype(jnp.int32)
-    return lax.sort((key, idx), num_keys=1)[1]
+def x64() -> bool:
+    return bool(jax.config.jax_enable_x64)
+
+
+def on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def prefix_count(a):
+    """Inclusive prefix sum of a boolean or int mask, as int32.
+
+    XLA:CPU lowers cumsum to a reduce-window that takes 4 ms at 2.6e5 elements on 2 cores; a
+    two-level blocked sum is 5x faster there. GPUs keep the native scan.
+    """
+    a = a.astype(jnp.int32)
+    n = a.shape[0]
+    block = 1024
+    if not on_cpu() or n < 4 * block or n % block:
+        return jnp.cumsum(a)
+    rows = jnp.cumsum(a.reshape(-1, block), axis=1)
+    carry = jnp.cumsum(rows[:, -1]) - rows[:, -1]
+    return (rows + carry[:, None]).reshape(-1)
+
+
+def index_bits(capacity: int) -> int:
+    """Low key bits reserved for the slot index on CPUs (room for the 2*capacity candidates)."""
+    return max(1, (2 * capacity - 1).bit_length()) if on_cpu() else 0
+
+
+def sort_keys(x, z, live, nbits: int):
+    """uint64 keys: the words' fingerprint with the low `nbits` cleared; dead slots get DEAD_KEY."""
+    h1, h2 = _w.fingerprint(x, z)
+    key = ((h1.astype(jnp.uint64) << 32) | h2.astype(jnp.uint64)) >> 1
+    key = key & ~jnp.uint64((1 << nbits) - 1)
+    return jnp.where(live, key, DEAD_KEY)
+
+
+def argsort_keys(keys, nbits: int):
+    """Permutation sorting `keys` (low nbits zero). CPU: one packed uint64 sort; GPU: key + payload."""
+    idx = jnp.arange(keys.shape[0], dtype=jnp.int32)
+    if nbits:
+        low = jnp.uint64((1 << nbits) - 1)
+        return (lax.sort((keys & ~low) | idx.astype(jnp.uint64)) & low).astype(jnp.int32)
+    return lax.sort((keys, idx), num_keys=1)[1]
 
 
 def _exact_order(x, z, live):
@@ -50,23 +82,66 @@ def _exact_order(x, z, live):
     return lax.sort((*keys, idx), num_keys=len(keys))[-1]
 
 
+def _fingerprint_order_32(x, z, live):
+    h1, h2 = _w.fingerprint(x, z)
+    idx = jnp.arange(x.shape[0], dtype=jnp.int32)
+    return lax.sort(((~live).astype(jnp.uint32), h1, h2, idx), num_keys=3)[-1]
+
+
 def _same_as_previous(xs, zs, ls):
     eq = jnp.all(xs[1:] == xs[:-1], axis=1) & jnp.all(zs[1:] == zs[:-1], axis=1)
     return jnp.concatenate([jnp.zeros(1, bool), eq & ls[1:] & ls[:-1]])
 
 
-def merge_and_truncate(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int):
-    """Merge duplicates among the live candidates, truncate, and compact into `capacity` slots.
+def _truncate_and_compact(slots, x, z, c, s, keys, candidate, truncation, capacity):
+    """Apply the truncation rules to merged candidates and compact the survivors, in order.
 
-    Returns (x, z, coeffs, sins, live, dropped) with arrays of leading size `capacity`, live
-    terms first, and `dropped` the 1-norm dropped per rule (order of truncation.RULES).
+    `slots` is the candidates' order (a permutation or an increasing position per candidate):
+    survivors are written to the front of `capacity` slots in increasing `slots` order.
+    Returns (x, z, coeffs, sins, live, keys, dropped[5]).
+    """
+    drop_w, drop_c, drop_s = _t.violations(truncation, c, _w.weight(x, z), s)
+    keep = candidate & (c != 0) & ~drop_w & ~drop_c & ~drop_s
+    mag = jnp.abs(c)
+    dropped = [jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s)]
+    limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
+    capped = lax.cond(jnp.sum(keep) > limit, lambda k: _t.keep_largest(mag, k, limit), lambda k: k, keep)
+    cap_norm = jnp.sum(jnp.where(keep & ~capped, mag, 0))
+    zero = jnp.zeros((), mag.dtype)
+    is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
+    dropped += [cap_norm, zero] if is_max_terms else [zero, cap_norm]
+
+    # position of each survivor = number of survivors before it in `slots` order
+    n = capped.shape[0]
+    in_order = jnp.zeros(n, bool).at[slots].set(capped)
+    rank_in_order = prefix_count(in_order) - 1
+    dest = jnp.where(capped, rank_in_order[slots], capacity)
+    out = lambda a, fill=0: jnp.full((capacity,) + a.shape[1:], fill, a.dtype).at[dest].set(a, mode="drop")
+    n_out = jnp.sum(capped)
+    keys_out = out(keys, DEAD_KEY) if keys is not None else None
+    return out(x), out(z), out(c), out(s), jnp.arange(capacity) < n_out, keys_out, jnp.stack(dropped)
+
+
+def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int):
+    """Merge duplicates among all live candidates, truncate, compact into `capacity` slots.
+
+    Returns (x, z, coeffs, sins, live, keys, sorted_by_key, dropped). keys is None without x64.
     """
     m = x.shape[0]
-    h1, h2 = _w.fingerprint(x, z)
-    order = _fingerprint_order(h1, h2, live)
-    hs1, hs2, ls = h1[order], h2[order], live[order]
-    xs, zs = x[order], z[order]
-    same_key = jnp.concatenate([jnp.zeros(1, bool), (hs1[1:] == hs1[:-1]) & (hs2[1:] == hs2[:-1]) & ls[1:] & ls[:-1]])
+    if x64():
+        nbits = index_bits(capacity)
+        keys = sort_keys(x, z, live, nbits)
+        order = argsort_keys(keys, nbits)
+        ks = keys[order]
+        same_key = jnp.concatenate([jnp.zeros(1, bool), (ks[1:] == ks[:-1]) & (ks[1:] != DEAD_KEY)])
+    else:
+        order = _fingerprint_order_32(x, z, live)
+        h1, h2 = _w.fingerprint(x, z)
+        hs1, hs2, ls_ = h1[order], h2[order], live[order]
+        same_key = jnp.concatenate([jnp.zeros(1, bool), (hs1[1:] == hs1[:-1]) & (hs2[1:] == hs2[:-1])
+                                    & ls_[1:] & ls_[:-1]])
+        keys = None
+    xs, zs, ls = x[order], z[order], live[order]
     collision = jnp.any(same_key & ~_same_as_previous(xs, zs, ls))
 
     def exact(_):
@@ -80,27 +155,74 @@ def merge_and_truncate(x, z, coeffs, sins, live, truncation: _t.Truncation, capa
 
     # runs of equal words: the head of each run collects the run's coefficient
     head = ls & ~_same_as_previous(xs, zs, ls)
-    run = jnp.maximum(jnp.cumsum(head.astype(jnp.int32)) - 1, 0)
+    run = jnp.maximum(prefix_count(head) - 1, 0)
     run_coeff = jnp.zeros(m, cs.dtype).at[run].add(cs)
     big = jnp.iinfo(jnp.int32).max
     run_sins = jnp.full(m, big, jnp.int32).at[run].min(jnp.where(ls, ss, big))
-    c = run_coeff[run]
-    s = run_sins[run]
+    ks = keys[order] if keys is not None else None
+    x_, z_, c_, s_, live_, keys_, dropped = _truncate_and_compact(
+        jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], ks, head, truncation, capacity)
+    return x_, z_, c_, s_, live_, keys_, ~collision, dropped
 
-    drop_w, drop_c, drop_s = _t.violations(truncation, c, _w.weight(xs, zs), s)
-    keep = head & (c != 0) & ~drop_w & ~drop_c & ~drop_s
-    mag = jnp.abs(c)
-    dropped = [jnp.sum(jnp.where(head & d, mag, 0)) for d in (drop_w, drop_c, drop_s)]
 
-    limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
-    n_keep = jnp.sum(keep)
-    capped = lax.cond(n_keep > limit, lambda k: _t.keep_largest(mag, k, limit), lambda k: k, keep)
-    cap_norm = jnp.sum(jnp.where(keep & ~capped, mag, 0))
-    is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
-    zero = jnp.zeros((), mag.dtype)
-    dropped += [cap_norm, zero] if is_max_terms else [zero, cap_norm]
+def insert_merge(x, z, coeffs, sins, live, keys, gx, gz, cos, sin, truncation: _t.Truncation, capacity: int,
+                 room: int):
+    """Rotation exp(-i a/2 G) on a key-sorted buffer, merging only the new partner words.
 
-    slot = jnp.where(capped, jnp.cumsum(capped.astype(jnp.int32)) - 1, capacity)
-    out = lambda a, fill=0: jnp.full((capacity,) + a.shape[1:], fill, a.dtype).at[slot].set(a, mode="drop")
-    n_out = jnp.sum(capped)
-    return (out(xs), out(zs), out(c), out(s), jnp.arange(capacity) < n_out, jnp.stack(dropped))
+    Words anticommuting with G keep cos * c and spawn G xor P with sin * sign * c. At most `room`
+    new words are handled here. Returns (ok, (x, z, coeffs, sins, live, keys, dropped)); ok is False
+    when more than `room` words split or a fingerprint collides, and the caller falls back to
+    `full_merge`.
+    """
+    cap = x.shape[0]
+    nbits = index_bits(capacity)
+    ac = live & _w.anticommutes(x, z, gx, gz)
+    n_new = jnp.sum(ac)
+    # gather the anticommuting terms into `room` slots
+    src = jnp.full(room, cap, jnp.int32).at[jnp.where(ac, prefix_count(ac) - 1, room)].set(
+        jnp.arange(cap, dtype=jnp.int32), mode="drop")
+    valid = src < cap
+    srcc = jnp.minimum(src, cap - 1)
+    sign = _w.product_sign(x[srcc], z[srcc], gx, gz).astype(coeffs.dtype)
+    nx, nz = x[srcc] ^ gx, z[srcc] ^ gz
+    nc = jnp.where(valid, sin * sign * coeffs[srcc], 0)
+    ns = sins[srcc] + 1
+    nkeys = sort_keys(nx, nz, valid, nbits)
+    order = argsort_keys(nkeys, nbits)
+    nx, nz, nc, ns, nkeys, valid = nx[order], nz[order], nc[order], ns[order], nkeys[order], valid[order]
+
+    # binary search each new word in the sorted buffer
+    pos = jnp.searchsorted(keys, nkeys, side="left", method="scan").astype(jnp.int32)
+    posc = jnp.minimum(pos, cap - 1)
+    key_hit = valid & (pos < cap) & (keys[posc] == nkeys)
+    word_hit = jnp.all(x[posc] == nx, axis=1) & jnp.all(z[posc] == nz, axis=1)
+    found = key_hit & word_hit
+    # distinct new words with equal keys would break the key order's uniqueness
+    twin = jnp.any((nkeys[1:] == nkeys[:-1]) & valid[1:] & valid[:-1])
+    collision = jnp.any(key_hit & ~word_hit) | twin
+    # a hit on a dead-but-kept slot revives it (its coefficient is 0)
+    old_c = jnp.where(ac, cos * coeffs, coeffs).at[jnp.where(found, pos, cap)].add(nc, mode="drop")
+    old_s = sins.at[jnp.where(found, pos, cap)].min(ns, mode="drop")
+    old_live = live.at[jnp.where(found, pos, cap)].set(True, mode="drop")
+
+    # splice the inserted words: old slot i moves up by the number of inserted words with pos <= i
+    inserted = valid & ~found
+    # (several inserted words can share a pos)
+    shift = prefix_count(jnp.zeros(cap, jnp.int32).at[jnp.where(inserted, pos, cap)].add(1, mode="drop"))
+    old_slot = jnp.arange(cap, dtype=jnp.int32) + shift
+    new_slot = pos + prefix_count(inserted) - 1
+    slots = jnp.concatenate([old_slot, jnp.where(inserted, new_slot, cap + room - 1)])
+    # the unused new slots are parked at the end (they are not candidates)
+    unused = ~inserted
+    slots = _park_unused(slots, unused, cap, room)
+    cat = lambda a, b: jnp.concatenate([a, b])
+    result = _truncate_and_compact(slots, cat(x, nx), cat(z, nz), cat(old_c, nc), cat(old_s, ns),
+                                   cat(keys, nkeys), cat(old_live, inserted), truncation, capacity)
+    return (n_new <= room) & ~collision, result
+
+
+def _park_unused(slots, unused, cap, room):
+    """Give the unused new-word slots distinct positions after every used one."""
+    n_unused_before = prefix_count(unused) - 1
+    parked = cap + room - 1 - n_unused_before  # distinct, counting down from the top
+    return slots.at[cap:].set(jnp.where(unused, parked, slots[cap:]))

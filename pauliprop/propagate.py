@@ -21,7 +21,7 @@ from . import program as _p
 from . import truncation as _t
 from . import words as _w
 from .circuit import Circuit
-from .merge import merge_and_truncate
+from . import merge as _m
 from .paulisum import PauliSum
 
 
@@ -46,12 +46,17 @@ class PropagationStats(NamedTuple):
 
 
 class _Buffer(NamedTuple):
-    x: jax.Array
-    z: jax.Array
-    coeffs: jax.Array
-    sins: jax.Array
-    live: jax.Array
-    dropped: jax.Array
+    x: jax.Array  # (C, W) uint32
+    z: jax.Array  # (C, W) uint32
+    coeffs: jax.Array  # (C,)
+    sins: jax.Array  # (C,) int32, sine branches taken
+    live: jax.Array  # (C,) bool
+    keys: jax.Array  # (C,) uint64 merge keys (x64), valid while `ordered`; (C,) zeros otherwise
+    ordered: jax.Array  # bool: the live words sit in increasing key order (see merge.insert_merge)
+    dropped: jax.Array  # (5,) 1-norm dropped per truncation rule
+
+
+_NO_SINS = jnp.iinfo(jnp.int32).max  # sins of a dropped slot, so a revived slot takes the new count
 
 
 def _angle(row, params):
@@ -69,7 +74,8 @@ def _drop_rules(buf: _Buffer, trunc: _t.Truncation) -> _Buffer:
     mag = jnp.abs(buf.coeffs)
     dropped = buf.dropped.at[0].add(jnp.sum(jnp.where(drop_w, mag, 0))).at[1].add(jnp.sum(jnp.where(drop_c, mag, 0)))
     gone = drop_w | drop_c
-    return buf._replace(coeffs=jnp.where(gone, 0, buf.coeffs), live=buf.live & ~gone, dropped=dropped)
+    return buf._replace(coeffs=jnp.where(gone, 0, buf.coeffs), live=buf.live & ~gone,
+                        sins=jnp.where(gone, _NO_SINS, buf.sins), dropped=dropped)
 
 
 def _local_code(buf, a, b):
@@ -87,26 +93,47 @@ def _clifford(buf, row, params, trunc, capacity):
     x = _w.set_site(x, b, (img >> 2) & one)
     z = _w.set_site(z, b, (img >> 3) & one)
     coeffs = buf.coeffs * row["sign"][code].astype(buf.coeffs.dtype)
-    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs), trunc)
+    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs, ordered=jnp.zeros((), bool)), trunc)
 
 
 def _split(buf, new_x, new_z, new_coeffs, new_sins, new_live, old_coeffs, trunc, capacity):
     """Old terms (with updated coefficients) plus new partner terms -> merged, truncated buffer."""
     cat = lambda a, b: jnp.concatenate([a, b])
-    x, z, c, s, live, dropped = merge_and_truncate(
+    x, z, c, s, live, keys, ordered, dropped = _m.full_merge(
         cat(buf.x, new_x), cat(buf.z, new_z), cat(old_coeffs, new_coeffs), cat(buf.sins, new_sins),
         cat(buf.live, new_live), trunc, capacity)
-    return _Buffer(x, z, c, s, live, buf.dropped + dropped)
+    if keys is None:  # no x64: no merge keys, the buffer is never key-ordered
+        keys, ordered = buf.keys, jnp.zeros((), bool)
+    return _Buffer(x, z, c, s, live, keys, ordered, buf.dropped + dropped)
 
 
 def _rotation(buf, row, params, trunc, capacity):
     angle = _angle(row, params).astype(buf.coeffs.dtype)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
     gx, gz = row["gx"], row["gz"]
-    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
-    sign = _w.product_sign(buf.x, buf.z, gx, gz).astype(buf.coeffs.dtype)
-    old = jnp.where(ac, jnp.cos(angle) * buf.coeffs, buf.coeffs)
-    new = jnp.where(ac, jnp.sin(angle) * sign * buf.coeffs, 0)
-    return _split(buf, buf.x ^ gx, buf.z ^ gz, new, buf.sins + 1, ac, old, trunc, capacity)
+
+    def full(b):
+        ac = b.live & _w.anticommutes(b.x, b.z, gx, gz)
+        sign = _w.product_sign(b.x, b.z, gx, gz).astype(b.coeffs.dtype)
+        old = jnp.where(ac, cos * b.coeffs, b.coeffs)
+        new = jnp.where(ac, sin * sign * b.coeffs, 0)
+        return _split(b, b.x ^ gx, b.z ^ gz, new, b.sins + 1, ac, old, trunc, capacity)
+
+    if not _m.x64():
+        return full(buf)
+
+    def incremental(b):
+        ok, (x, z, c, s, live, keys, dropped) = _m.insert_merge(
+            b.x, b.z, b.coeffs, b.sins, b.live, b.keys, gx, gz, cos, sin, trunc, capacity, _insert_room(capacity))
+        merged = _Buffer(x, z, c, s, live, keys, jnp.ones((), bool), b.dropped + dropped)
+        return lax.cond(ok, lambda _: merged, full, b)
+
+    return lax.cond(buf.ordered, incremental, full, buf)
+
+
+def _insert_room(capacity: int) -> int:
+    """New-word slots of the incremental merge: a quarter of the capacity (more splits: full merge)."""
+    return max(16, capacity // 4)
 
 
 def _quarter(buf, row, params, trunc, capacity):
@@ -120,7 +147,7 @@ def _quarter(buf, row, params, trunc, capacity):
     coeffs = jnp.where(ac, (cos + sin * sign) * buf.coeffs, buf.coeffs)
     x = jnp.where(flip[:, None], buf.x ^ gx, buf.x)
     z = jnp.where(flip[:, None], buf.z ^ gz, buf.z)
-    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs), trunc)
+    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs, ordered=jnp.zeros((), bool)), trunc)
 
 
 def _channel(buf, row, params, trunc, capacity):
@@ -158,8 +185,10 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _Buffer:
         raise ValueError(f"observable has {t} terms, more than the capacity {capacity}")
     pad = lambda a, fill=0: jnp.concatenate([jnp.asarray(a), jnp.full((capacity - t,) + a.shape[1:], fill, a.dtype)])
     coeffs = jnp.asarray(obs.coeffs, dtype)
+    keys = jnp.zeros(capacity, jnp.uint64 if _m.x64() else jnp.uint32)
     return _Buffer(pad(jnp.asarray(obs.x, jnp.uint32)), pad(jnp.asarray(obs.z, jnp.uint32)), pad(coeffs),
-                   jnp.zeros(capacity, jnp.int32), jnp.arange(capacity) < t, jnp.zeros(5, dtype))
+                   jnp.zeros(capacity, jnp.int32), jnp.arange(capacity) < t, keys, jnp.zeros((), bool),
+                   jnp.zeros(5, dtype))
 
 
 def propagate_buffers(prog_arrays: dict, obs: PauliSum, params, truncation: _t.Truncation, capacity: int,
