@@ -93,33 +93,46 @@ def _same_as_previous(xs, zs, ls):
     return jnp.concatenate([jnp.zeros(1, bool), eq & ls[1:] & ls[:-1]])
 
 
-def _truncate_and_compact(slots, x, z, c, s, keys, candidate, truncation, capacity):
+def _truncate_and_compact(parts, truncation, capacity):
     """Apply the truncation rules to merged candidates and compact the survivors, in order.
 
-    `slots` is the candidates' order (a permutation or an increasing position per candidate):
-    survivors are written to the front of `capacity` slots in increasing `slots` order.
+    `parts` is a list of candidate groups, each a tuple (slots, x, z, coeffs, sins, keys,
+    candidate); `slots` give every candidate of every group a distinct position in one order, and
+    survivors are written to the front of `capacity` slots in that order. Groups are scattered
+    separately, so large arrays are never concatenated.
     Returns (x, z, coeffs, sins, live, keys, dropped[5]).
     """
-    drop_w, drop_c, drop_s = _t.violations(truncation, c, _w.weight(x, z), s)
-    keep = candidate & (c != 0) & ~drop_w & ~drop_c & ~drop_s
-    mag = jnp.abs(c)
-    dropped = [jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s)]
+    keeps, mags, dropped = [], [], []
+    for slots, x, z, c, s, keys, candidate in parts:
+        drop_w, drop_c, drop_s = _t.violations(truncation, c, _w.weight(x, z), s)
+        keeps.append(candidate & (c != 0) & ~drop_w & ~drop_c & ~drop_s)
+        mags.append(jnp.abs(c))
+        dropped.append(jnp.stack([jnp.sum(jnp.where(candidate & d, mags[-1], 0)) for d in (drop_w, drop_c, drop_s)]))
+    keep, mag = jnp.concatenate(keeps), jnp.concatenate(mags)
+    dropped = sum(dropped)
     limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
     capped = lax.cond(jnp.sum(keep) > limit, lambda k: _t.keep_largest(mag, k, limit), lambda k: k, keep)
     cap_norm = jnp.sum(jnp.where(keep & ~capped, mag, 0))
     zero = jnp.zeros((), mag.dtype)
     is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
-    dropped += [cap_norm, zero] if is_max_terms else [zero, cap_norm]
+    dropped = jnp.concatenate([dropped, jnp.stack([cap_norm, zero] if is_max_terms else [zero, cap_norm])])
 
-    # position of each survivor = number of survivors before it in `slots` order
-    n = capped.shape[0]
-    in_order = jnp.zeros(n, bool).at[slots].set(capped)
-    rank_in_order = prefix_count(in_order) - 1
-    dest = jnp.where(capped, rank_in_order[slots], capacity)
-    out = lambda a, fill=0: jnp.full((capacity,) + a.shape[1:], fill, a.dtype).at[dest].set(a, mode="drop")
-    n_out = jnp.sum(capped)
-    keys_out = out(keys, DEAD_KEY) if keys is not None else None
-    return out(x), out(z), out(c), out(s), jnp.arange(capacity) < n_out, keys_out, jnp.stack(dropped)
+    # position of each survivor = number of survivors before it in slot order
+    sizes = [p[0].shape[0] for p in parts]
+    splits = [sum(sizes[:i]) for i in range(1, len(sizes))]
+    capped_parts = jnp.split(capped, splits) if splits else [capped]
+    in_order = jnp.zeros(sum(sizes), bool)
+    for (slots, *_), cp in zip(parts, capped_parts):
+        in_order = in_order.at[slots].set(cp)
+    rank = prefix_count(in_order) - 1
+    first = parts[0]
+    outs = [jnp.full((capacity,) + a.shape[1:], DEAD_KEY if i == 5 else 0, a.dtype)
+            for i, a in enumerate(first[:6]) if i]
+    for (slots, *payload), cp in zip(parts, capped_parts):
+        dest = jnp.where(cp, rank[slots], capacity)
+        outs = [o.at[dest].set(a, mode="drop") for o, a in zip(outs, payload[:5])]
+    x, z, c, s, keys = outs
+    return x, z, c, s, jnp.arange(capacity) < jnp.sum(capped), keys, dropped
 
 
 def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int):
@@ -159,10 +172,10 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
     run_coeff = jnp.zeros(m, cs.dtype).at[run].add(cs)
     big = jnp.iinfo(jnp.int32).max
     run_sins = jnp.full(m, big, jnp.int32).at[run].min(jnp.where(ls, ss, big))
-    ks = keys[order] if keys is not None else None
+    ks = keys[order] if keys is not None else jnp.zeros(m, jnp.uint32)
     x_, z_, c_, s_, live_, keys_, dropped = _truncate_and_compact(
-        jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], ks, head, truncation, capacity)
-    return x_, z_, c_, s_, live_, keys_, ~collision, dropped
+        [(jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], ks, head)], truncation, capacity)
+    return x_, z_, c_, s_, live_, keys_ if keys is not None else None, ~collision, dropped
 
 
 def insert_merge(x, z, coeffs, sins, live, keys, gx, gz, cos, sin, truncation: _t.Truncation, capacity: int,
@@ -211,18 +224,9 @@ def insert_merge(x, z, coeffs, sins, live, keys, gx, gz, cos, sin, truncation: _
     shift = prefix_count(jnp.zeros(cap, jnp.int32).at[jnp.where(inserted, pos, cap)].add(1, mode="drop"))
     old_slot = jnp.arange(cap, dtype=jnp.int32) + shift
     new_slot = pos + prefix_count(inserted) - 1
-    slots = jnp.concatenate([old_slot, jnp.where(inserted, new_slot, cap + room - 1)])
-    # the unused new slots are parked at the end (they are not candidates)
-    unused = ~inserted
-    slots = _park_unused(slots, unused, cap, room)
-    cat = lambda a, b: jnp.concatenate([a, b])
-    result = _truncate_and_compact(slots, cat(x, nx), cat(z, nz), cat(old_c, nc), cat(old_s, ns),
-                                   cat(keys, nkeys), cat(old_live, inserted), truncation, capacity)
+    # unused new slots are parked after every used position (they are not candidates)
+    parked = cap + room - prefix_count(~inserted)
+    new_slot = jnp.where(inserted, new_slot, parked)
+    result = _truncate_and_compact([(old_slot, x, z, old_c, old_s, keys, old_live),
+                                    (new_slot, nx, nz, nc, ns, nkeys, inserted)], truncation, capacity)
     return (n_new <= room) & ~collision, result
-
-
-def _park_unused(slots, unused, cap, room):
-    """Give the unused new-word slots distinct positions after every used one."""
-    n_unused_before = prefix_count(unused) - 1
-    parked = cap + room - 1 - n_unused_before  # distinct, counting down from the top
-    return slots.at[cap:].set(jnp.where(unused, parked, slots[cap:]))
