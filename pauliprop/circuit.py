@@ -74,6 +74,8 @@ class Instruction:
 def _check_angle(gate: str, a) -> Angle:
     if isinstance(a, Param):
         return a
+    if isinstance(a, (str, bytes)):  # float("0.1") would accept text silently
+        raise TypeError(f"gate '{gate}': angle must be a float or pp.Param, got {a!r}")
     try:
         v = float(a)
     except (TypeError, ValueError):

@@ -116,6 +116,8 @@ class PauliSum:
         return out
 
     def labels(self) -> list[str]:
+        if len(self) == 0:  # words.unpack_bits cannot reshape a (0, W) array
+            return []
         return _w.labels_of(np.asarray(self.x), np.asarray(self.z), self.num_qubits)
 
     def to_dict(self) -> dict[str, float]:

@@ -132,8 +132,12 @@ def _rotation(buf, row, params, trunc, capacity):
 
 
 def _insert_room(capacity: int) -> int:
-    """New-word slots of the incremental merge: a quarter of the capacity (more splits: full merge)."""
-    return max(16, capacity // 4)
+    """New-word slots of the incremental merge: half the capacity (more splits take the full merge).
+
+    Measured on the 127-qubit kicked Ising (Z62, 20 steps, 1e5 terms, 2-core CPU): up to half the
+    words anticommute with a central qubit's RX; room C/4 took 31.7 s, C/2 25.3 s, 3C/4 28.9 s.
+    """
+    return max(16, capacity // 2)
 
 
 def _quarter(buf, row, params, trunc, capacity):

@@ -80,6 +80,8 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128):
 def pauli_expectations(psi, obs: PauliSum):
     """<psi|P_t|psi> for every term of obs (real), for a state of 2^n amplitudes."""
     n = obs.num_qubits
+    if len(obs) == 0:  # an empty sum (words.unpack_bits cannot reshape a (0, W) array)
+        return jnp.zeros(0)
     idx = np.arange(2**n)
     xb = unpack_bits(np.asarray(obs.x), n)
     zb = unpack_bits(np.asarray(obs.z), n)

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .prefix import prefix_count
+
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
 
@@ -60,12 +62,15 @@ def violations(trunc: Truncation, coeffs, weights, sins):
     return w, c, s
 
 
-def keep_largest(magnitudes, mask, k, method: str | None = None):
-    """Mask of the k largest magnitudes among `mask` (ties broken by position), or `mask` if it has <= k.
+def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
+    """Mask of the k largest magnitudes among `mask`, or `mask` if it has <= k.
 
     Selects the k-th largest value on the float's bit pattern (monotone for values >= 0), with no
     sort: on CPUs a radix select (six 11-bit histogram passes), on GPUs a bisection (one fused
     count per bit; histograms would serialise on atomics into a few hot bins).
+    Ties at the threshold (common: equal-angle circuits give equal magnitudes) prefer the smallest
+    `tiebreak` (the Pauli weight: low-weight words are the likelier to overlap the state), then
+    the earliest position, so the kept set does not depend on the merge path.
     """
     method = method or ("radix" if jax.default_backend() == "cpu" else "bisect")
     itype = jnp.int64 if magnitudes.dtype == jnp.float64 else jnp.int32
@@ -75,7 +80,17 @@ def keep_largest(magnitudes, mask, k, method: str | None = None):
     above = mask & (bits > t)
     ties = mask & (bits == t)
     room = k - jnp.sum(above)
-    tie_rank = jnp.cumsum(ties.astype(jnp.int32)) - 1
+    if tiebreak is not None:
+        levels = 1024
+        tb = jnp.clip(tiebreak, 0, levels - 1).astype(jnp.int32)
+        at_most = jnp.cumsum(jnp.bincount(jnp.where(ties, tb, levels), length=levels + 1)[:levels])
+        cut = jnp.sum(at_most < room)  # smallest level whose cumulative count reaches room
+        below = jnp.where(cut > 0, at_most[jnp.maximum(cut - 1, 0)], 0)
+        take_all = ties & (tb < cut)
+        ties = ties & (tb == cut)
+        above = above | take_all
+        room = room - below
+    tie_rank = prefix_count(ties) - 1
     return above | (ties & (tie_rank < room))
 
 
