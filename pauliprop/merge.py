@@ -87,7 +87,8 @@ def _truncate_and_compact(parts, truncation, capacity):
     for slots, x, z, c, s, keys, candidate in parts:
         weights.append(_w.weight(x, z))
         drop_w, drop_c, drop_s = _t.violations(truncation, c, weights[-1], s)
-        keeps.append(candidate & (c != 0) & ~drop_w & ~drop_c & ~drop_s)
+        # zero coefficients stay: their words carry derivatives (sin(a) c at a = 0); min_abs_coeff drops them
+        keeps.append(candidate & ~drop_w & ~drop_c & ~drop_s)
         mags.append(jnp.abs(c))
         dropped.append(jnp.stack([jnp.sum(jnp.where(candidate & d, mags[-1], 0)) for d in (drop_w, drop_c, drop_s)]))
     keep, mag = jnp.concatenate(keeps), jnp.concatenate(mags)

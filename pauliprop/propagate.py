@@ -176,8 +176,11 @@ _BRANCHES = (_clifford, _rotation, _quarter, _channel, _damp)
 
 
 def program_arrays(prog: _p.Program, dtype) -> dict:
-    """The Program as jax arrays, reversed (propagation runs from the last gate to the first)."""
-    r = lambda a, dt=None: jnp.asarray(np.ascontiguousarray(a[::-1]), dtype=dt)
+    """The Program as numpy arrays, reversed (propagation runs from the last gate to the first).
+
+    numpy, not jax: a circuit first used inside a jax trace must not cache that trace's values.
+    """
+    r = lambda a, dt=None: np.ascontiguousarray(a[::-1], dtype=None if dt is None else np.dtype(dt))
     return dict(kind=r(prog.kind), qubits=r(prog.qubits), table=r(prog.table), sign=r(prog.sign, dtype),
                 gx=r(prog.gx), gz=r(prog.gz), param_index=r(prog.param_index), scale=r(prog.scale, dtype),
                 offset=r(prog.offset, dtype))

@@ -43,7 +43,7 @@ def unpack_bits(words: np.ndarray, num_qubits: int) -> np.ndarray:
     """(T, W) uint32 lanes -> (T, n) 0/1 array, qubit q in column q."""
     words = np.asarray(words, dtype=np.uint32)
     bits = (words[:, :, None] >> np.arange(LANE_BITS, dtype=np.uint32)) & 1
-    return bits.reshape(len(words), -1)[:, :num_qubits].astype(np.uint8)
+    return bits.reshape(words.shape[0], words.shape[1] * LANE_BITS)[:, :num_qubits].astype(np.uint8)
 
 
 def labels_of(x: np.ndarray, z: np.ndarray, num_qubits: int) -> list[str]:

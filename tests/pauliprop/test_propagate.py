@@ -1,0 +1,301 @@
+"""Backward Pauli propagation (pauliprop/propagate.py): exactness, embedding, gradients, transforms, errors.
+
+The untruncated estimator is exact: for random circuits over the whole gate table it must agree with
+the state vector (and, with noise, with a density-matrix reference) to 1e-10, the propagated sum must
+be the Heisenberg operator U^dag H U, the answer must not depend on where the qubits sit in the packed
+lanes, and its gradient must be the exact gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import pauliprop as pp
+from pauliprop import program as P
+
+from . import _reference as R
+from ._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
+                          UNITARY_OPS, UNITARY_TERMS, anchored_ops, bloch_vectors, build, observable_terms,
+                          params_vector, paulisum, states)
+
+LANE_SITES = [0, 31, 32, 63, 64, 95, 96, 126]  # both sides of every 32-bit lane boundary of a 127-qubit word
+
+
+@st.composite
+def unitary_case(draw, max_n=8):
+    n = draw(st.integers(1, max_n))
+    ops = draw(anchored_ops(n, UNITARY_OPS, UNITARY_KINDS))
+    terms = draw(observable_terms(n, UNITARY_TERMS))
+    return n, ops, terms, draw(params_vector()), draw(states(n))
+
+
+def _exact(n, ops, terms, params, state):
+    return pp.expectation(build(n, ops), paulisum(terms, n), params, state=state, method="statevector")
+
+
+def _pauli(c, h, params, state="0", **kw):
+    val, stats = pp.expectation(c, h, params, state=state, capacity=kw.pop("capacity", CAPACITY), return_stats=True,
+                                **kw)
+    assume(not bool(stats.overflow))  # a fixed capacity keeps one compile; overflow is tested on its own
+    return float(val), stats
+
+
+def fixed_unitary_circuit(n: int) -> pp.Circuit:
+    """A deterministic circuit with the shared unitary shape (same compile as the random ones)."""
+    c = pp.Circuit(n)
+    for k in range(UNITARY_OPS):
+        q, r = k % n, (k + 1) % n
+        if k % 4 == 0:
+            c.ry(q, pp.Param(k % NUM_PARAMS))
+        elif k % 4 == 1:
+            c.cx(q, r) if n > 1 else c.h(q)
+        elif k % 4 == 2:
+            c.rzz(q, r, 0.3 + 0.1 * k) if n > 1 else c.rz(q, 0.3 + 0.1 * k)
+        else:
+            c.t(q)
+    c.h(0).rz(0, pp.Param(0)).rx(n - 1, math.pi / 2)
+    assert P.lower(c).length == UNITARY_OPS + 3
+    return c
+
+
+def fixed_terms(n):
+    labels = ["Z" * n, "X" + "I" * (n - 1), "I" * (n - 1) + "Y", "Z" + "X" * (n - 1)]
+    return list(zip(labels, [0.7, -0.4, 0.25, 1.1]))
+
+
+def fixed_observable(n):
+    return paulisum(fixed_terms(n), n)
+
+
+PARAMS = np.array([0.3, -1.2, 0.8, 2.0, -0.4, 1.5])
+
+
+# ---- exactness -----------------------------------------------------------------------------------
+
+@settings(max_examples=15)  # each example compiles new eager state-vector kernels: a few is enough here
+@given(unitary_case())
+def test_untruncated_expectation_equals_statevector(case):
+    n, ops, terms, params, state = case
+    val, stats = _pauli(build(n, ops), paulisum(terms, n), params, state)
+    assert abs(val - float(_exact(*case))) < 1e-10
+    assert not np.any(np.asarray(stats.dropped_norm))
+
+
+def _small_value(n, ops, terms, params, state):
+    """<psi|H|psi> of the small circuit from the numpy state vector (tests/pauliprop/_reference.py)."""
+    psi = R.dense_unitary(build(n, ops), params) @ R.initial_ket(state, n)
+    return float(np.real(psi.conj() @ R.operator(_merge(terms), n) @ psi))
+
+
+@settings(max_examples=30)
+@given(unitary_case(), st.permutations(LANE_SITES))
+def test_embedding_across_lane_boundaries_gives_the_same_value(case, sites):
+    """The small circuit, and the same circuit placed on a 127-qubit register at sites on both sides of
+    lane boundaries, both equal the small circuit's (numpy) state-vector value."""
+    n, ops, terms, params, state = case
+    exact = _small_value(*case)
+    val, _ = _pauli(build(n, ops), paulisum(terms, n), params, state)
+    assert abs(val - exact) < 1e-10
+    big = 127
+    site = sites[:n]
+    h = pp.PauliSum.from_list([(lab, [site[q] for q in range(n)], c) for lab, c in terms], big)
+    big_state = state
+    if len(state) > 1:  # place the per-qubit state characters at the sites; idle qubits in |0>
+        chars = ["0"] * big
+        for q, ch in enumerate(state):
+            chars[site[q]] = ch
+        big_state = "".join(chars)
+    val, _ = _pauli(build(big, ops, site=site), h, params, big_state)
+    assert abs(val - exact) < 1e-10
+
+
+@given(unitary_case(max_n=4))
+def test_propagated_sum_is_the_heisenberg_operator(case):
+    n, ops, terms, params, _ = case
+    c = build(n, ops)
+    out, stats = pp.propagate(c, paulisum(terms, n), params, capacity=CAPACITY)
+    assert not bool(stats.overflow)
+    u = R.dense_unitary(c, params)
+    expected = u.conj().T @ R.operator(_merge(terms), n) @ u
+    np.testing.assert_allclose(out.to_matrix(), expected, atol=1e-10)
+
+
+def _merge(terms):
+    d = {}
+    for lab, c in terms:
+        d[lab] = d.get(lab, 0.0) + c
+    return d
+
+
+@given(unitary_case(max_n=3), st.data())
+def test_bloch_vector_states_match_the_density_matrix(case, data):
+    n, ops, terms, params, _ = case
+    bloch = data.draw(bloch_vectors(n, mixed=True))
+    val, _ = _pauli(build(n, ops), paulisum(terms, n), params, bloch)
+    assert abs(val - R.dense_expectation(build(n, ops), _merge(terms), params, bloch)) < 1e-10
+
+
+def test_stats_report_terms_per_operation():
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    out, stats = pp.propagate(c, h, PARAMS, capacity=CAPACITY)
+    terms = np.asarray(stats.terms)
+    assert terms.shape == (P.lower(c).length,)
+    assert int(stats.max_terms_seen) == max(int(terms.max()), len(h))
+    assert not bool(stats.overflow) and float(stats.total_dropped_norm) == 0.0
+    assert stats.capacity == CAPACITY
+    assert "overflow False" in stats.summary()
+    # terms after each operation (circuit order) = the support of the exact Heisenberg operator there;
+    # in particular only anticommuting words split
+    ref, _, _, counts = R.reference_propagate(c, dict(_merge(fixed_terms(n))), PARAMS, return_counts=True)
+    np.testing.assert_array_equal(terms, counts[::-1])
+    assert np.count_nonzero(np.asarray(out.coeffs)) == terms[0] == len(ref)
+
+
+def test_empty_circuit_is_the_overlap():
+    n = 3
+    h = pp.PauliSum.from_labels({"ZIZ": 0.5, "XII": 2.0, "IIZ": -1.0})
+    for state, want in [("0", -0.5), ("+", 2.0), ("101", 0.5 - 1.0 * -1)]:
+        assert abs(float(pp.expectation(pp.Circuit(n), h, state=state)) - want) < 1e-12
+
+
+# ---- noise ----------------------------------------------------------------------------------------
+
+@given(st.data())
+def test_noisy_circuits_match_the_density_matrix(data):
+    n = data.draw(st.integers(1, 3))
+    ops = data.draw(anchored_ops(n, SMALL_OPS, ALL_KINDS, noise=True))
+    terms = data.draw(observable_terms(n, SMALL_TERMS, distinct=True))
+    params = data.draw(params_vector())
+    state = data.draw(st.one_of(states(n), bloch_vectors(n, mixed=True)))
+    c = build(n, ops)
+    val, stats = _pauli(c, paulisum(terms.items(), n), params, state, capacity=SMALL_CAPACITY)
+    assert abs(val - R.dense_expectation(c, terms, params, state)) < 1e-10
+
+
+# ---- gradients and transforms ---------------------------------------------------------------------
+
+@settings(max_examples=4)  # each example traces the gradient afresh (about 3 s)
+@given(unitary_case(max_n=3))
+def test_gradient_equals_statevector_gradient(case):
+    n, ops, terms, params, state = case
+    c, h = build(n, ops), paulisum(terms, n)
+    p = jnp.asarray(params)
+    g = jax.grad(lambda q: pp.expectation(c, h, q, state=state, capacity=CAPACITY))(p)
+    g_ref = jax.grad(lambda q: pp.expectation(c, h, q, state=state, method="statevector"))(p)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
+
+
+def test_gradient_at_zero_angles_equals_statevector_gradient():
+    n = 3
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)  # the shape of test_gradient_equals_statevector_gradient
+    p = jnp.zeros(NUM_PARAMS)  # a common initialisation of variational loops
+    g = jax.grad(lambda q: pp.expectation(c, h, q, capacity=CAPACITY))(p)
+    g_ref = jax.grad(lambda q: pp.expectation(c, h, q, method="statevector"))(p)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
+
+
+def test_jit_and_vmap_over_params_equal_the_eager_loop():
+    """jax.jit(jax.vmap(expectation)) over 4 parameter sets equals the eager values, one by one."""
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    batch = np.stack([PARAMS, -PARAMS, PARAMS * 0.5 + 0.1, np.full(NUM_PARAMS, math.pi / 2)])
+    loop = [float(pp.expectation(c, h, p, state="+", capacity=CAPACITY)) for p in batch]
+    f = jax.jit(jax.vmap(lambda p: pp.expectation(c, h, p, state="+", capacity=CAPACITY)))
+    vals = np.asarray(f(jnp.asarray(batch)))
+    np.testing.assert_allclose(vals, loop, atol=1e-12)
+    exact = [float(pp.expectation(c, h, p, state="+", method="statevector")) for p in batch]
+    np.testing.assert_allclose(vals, exact, atol=1e-10)
+
+
+def test_a_circuit_traced_under_jit_is_reusable():
+    c = pp.Circuit(1).rx(0, pp.Param(0))
+    h = pp.PauliSum.from_labels({"Z": 1.0})
+    p = jnp.array([0.1])
+    assert abs(float(jax.jit(lambda q: pp.expectation(c, h, q, capacity=64))(p)) - math.cos(0.1)) < 1e-12
+    assert abs(float(pp.expectation(c, h, p, capacity=64)) - math.cos(0.1)) < 1e-12
+
+
+# ---- capacity ---------------------------------------------------------------------------------------
+
+def _growing_circuit():
+    """1,752 terms at the peak on 6 qubits: more than the default first capacity (1024), fewer than 2048.
+    Rotations only: a single operation kind keeps the compiles small."""
+    n = 6
+    c = pp.Circuit(n)
+    for q in range(n):
+        c.rx(q, 0.3 + 0.1 * q)
+    for q in range(n - 1):
+        c.rzz(q, q + 1, 0.5 + 0.05 * q)
+    for q in range(n):
+        c.ry(q, 0.7 - 0.1 * q)
+    return c, pp.PauliSum.from_labels({"ZZZZZI": 1.0})
+
+
+def test_capacity_overflow_is_reported_and_growth_is_exact():
+    c, h = _growing_circuit()
+    exact = float(pp.expectation(c, h, method="statevector"))
+    # an explicit capacity that is too small: flagged, with the lost norm, and a warning
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        val, stats = pp.expectation(c, h, capacity=1024, return_stats=True)
+    assert bool(stats.overflow) and float(stats.dropped_norm[4]) > 0
+    assert float(np.sum(np.asarray(stats.dropped_norm)[:4])) == 0.0
+    assert abs(float(val) - exact) <= float(stats.dropped_norm[4]) + 1e-10
+    # no room to grow: an error, not a lossy answer
+    with pytest.raises(MemoryError, match="max_capacity"):
+        pp.propagate(c, h, max_capacity=1024)
+    # capacity=None: grows and retries until nothing is lost
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        val, stats = pp.expectation(c, h, return_stats=True)
+    assert not bool(stats.overflow) and stats.capacity == 2048 and 1024 < int(stats.max_terms_seen) <= 2048
+    assert abs(float(val) - exact) < 1e-10
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_input_raises_naming_the_cause():
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    with pytest.raises(ValueError, match="observable acts on 5 qubits but the circuit has 4"):
+        pp.expectation(c, pp.PauliSum.from_labels({"ZZZZZ": 1.0}), PARAMS)
+    with pytest.raises(ValueError, match="params has only 2 entries"):
+        pp.expectation(c, h, PARAMS[:2])
+    with pytest.raises(ValueError, match="params is None"):
+        pp.expectation(c, h)
+    bad = PARAMS.copy()
+    bad[1] = np.nan
+    with pytest.raises(ValueError, match=r"params\[1\] = nan is not finite"):
+        pp.expectation(c, h, bad)
+    with pytest.raises(ValueError, match="1-d"):
+        pp.expectation(c, h, PARAMS[None, :])
+    with pytest.raises(ValueError, match="unknown method"):
+        pp.expectation(c, h, PARAMS, method="mps")
+    with pytest.raises(ValueError, match="capacity"):
+        pp.propagate(c, h, PARAMS, capacity=2)
+    with pytest.raises(TypeError, match="Circuit"):
+        pp.expectation("h 0", h, PARAMS)
+    with pytest.raises(TypeError, match="PauliSum"):
+        pp.expectation(c, {"ZZZZ": 1.0}, PARAMS)
+    with pytest.raises(ValueError, match="takes no truncation"):
+        pp.expectation(c, h, PARAMS, method="statevector", truncation=pp.Truncation(max_weight=2))
+
+
+@pytest.mark.parametrize("state, cause", [("0x10", r"unsupported state character\(s\) \['x'\]"),
+                                          ("01", "2 characters but the circuit has 4 qubits"),
+                                          ("", "0 characters")])
+def test_unsupported_state_raises_naming_the_cause(state, cause):
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    with pytest.raises(ValueError, match=cause):
+        pp.expectation(c, h, PARAMS, state=state, capacity=CAPACITY)
+    with pytest.raises(ValueError, match=cause):
+        pp.expectation(c, h, PARAMS, state=state, method="statevector")
