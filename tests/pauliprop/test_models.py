@@ -98,3 +98,16 @@ def test_published_constants_match_the_data_files(kicked_ising_dir):
     for k, v in M.MIX_Z62_20_STEPS.items():
         assert v == pytest.approx(mix[k], abs=1e-12)
     assert exact[0] == pytest.approx(1.0, abs=1e-9)  # theta_h = 0: nothing moves
+
+
+def test_five_step_magnetization_at_pi_4_matches_the_exact_value():
+    """127-qubit kicked Ising, M_z after 5 steps at theta_h = pi/4: within 1e-3 of the exact value.
+
+    min_abs_coeff 1e-5 keeps about 1.5e6 terms (about 2 minutes on 2 CPU cores); the exact value is
+    exact.csv's column 4a (kept in pauliprop.models with its source).
+    """
+    circuit = M.kicked_ising(5, math.pi / 4)
+    val, stats = pp.expectation(circuit, M.magnetization(), truncation=pp.Truncation(min_abs_coeff=1e-5),
+                                capacity=1 << 21, return_stats=True)
+    assert not bool(stats.overflow)
+    assert abs(float(val) - M.EXACT_MZ_5_STEPS[8]) < 1e-3
