@@ -332,8 +332,9 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     state: "0", "+", a bitstring such as "0110" (character q is qubit q), a string over
     0 1 + - r l per qubit, or an (n, 3) array of Bloch vectors (a product state).
     """
-    from .overlap import overlap
+    from .overlap import overlap, parse_state
 
+    parse_state(state, circuit.num_qubits if isinstance(circuit, Circuit) else observable.num_qubits)  # fail early
     if method == "statevector":
         from . import statevector
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -44,7 +45,8 @@ def apply_matrix(psi, matrix, qubits, num_qubits):
     k = len(qubits)
     m = matrix.reshape((2,) * (2 * k))  # row index bits: qubits[k-1] ... qubits[0]
     axes = [num_qubits - 1 - q for q in reversed(qubits)]  # matrix axis j <-> qubits[k-1-j]
-    out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), axes))
+    # HIGHEST: GPUs otherwise contract complex64 in TF32 (1e-4 errors)
+    out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), axes), precision=jax.lax.Precision.HIGHEST)
     return jnp.moveaxis(out, list(range(k)), axes)
 
 
