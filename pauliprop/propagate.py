@@ -285,23 +285,26 @@ def _warn_overflow(overflow, dropped, capacity):
 
 
 def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _t.Truncation | None = None,
-              capacity: int | None = None, max_capacity: int = 1 << 26):
+              capacity: int | None = None, max_capacity: int = 1 << 26, initial_capacity: int | None = None):
     """Heisenberg-propagate `observable` backward through `circuit`: returns (PauliSum, PropagationStats).
 
     capacity: slots in the term buffer (static). None: chosen automatically and, outside a jax
     trace, doubled and retried until nothing overflows (up to max_capacity). Inside a trace an
     overflow cannot be retried: it is reported in the stats and by a warning.
+    initial_capacity: where the automatic growth starts (e.g. the capacity a similar run needed:
+    each new capacity costs a compilation).
     """
     truncation = truncation or _t.NO_TRUNCATION
     _check_inputs(circuit, observable, params)
     prog, arrays = _lowered(circuit)
     kinds = tuple(sorted(set(prog.kind.tolist()))) or (0,)
     traced = _is_traced(params, observable)
-    cap = capacity if capacity is not None else default_capacity(observable, truncation)
+    cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
     if cap < 1 or cap < len(observable):
         raise ValueError(f"capacity {cap} is smaller than the observable's {len(observable)} terms")
     while True:
         out, stats = _run(arrays, observable, params, truncation, cap, kinds)
+        stats = stats._replace(capacity=cap)  # a static int, not the array jit returns for the leaf
         if traced:
             jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
             return out, stats
@@ -325,7 +328,7 @@ _jitted = jax.jit(propagate_buffers, static_argnames=("truncation", "capacity", 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
                 truncation: _t.Truncation | None = None, method: str = "pauli", capacity: int | None = None,
-                return_stats: bool = False):
+                return_stats: bool = False, initial_capacity: int | None = None):
     """<psi| observable |psi> with psi = circuit |state>: a jax scalar, differentiable in params.
 
     method: "pauli" (backward Pauli propagation, with truncation) or "statevector" (exact, small n).
@@ -345,6 +348,6 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         return (val, None) if return_stats else val
     if method != "pauli":
         raise ValueError(f"unknown method {method!r}: use 'pauli' or 'statevector'")
-    out, stats = propagate(circuit, observable, params, truncation, capacity)
+    out, stats = propagate(circuit, observable, params, truncation, capacity, initial_capacity=initial_capacity)
     val = overlap(out, state)
     return (val, stats) if return_stats else val

@@ -258,6 +258,12 @@ def test_capacity_overflow_is_reported_and_growth_is_exact():
         val, stats = pp.expectation(c, h, return_stats=True)
     assert not bool(stats.overflow) and stats.capacity == 2048 and 1024 < int(stats.max_terms_seen) <= 2048
     assert abs(float(val) - exact) < 1e-10
+    # initial_capacity: growth starts there (and still grows when it is too small)
+    val, stats = pp.expectation(c, h, return_stats=True, initial_capacity=512)
+    assert stats.capacity == 2048 and abs(float(val) - exact) < 1e-10
+    val, stats = pp.expectation(c, h, return_stats=True, initial_capacity=4096)
+    assert stats.capacity == 4096 and abs(float(val) - exact) < 1e-10
+    assert isinstance(stats.capacity, int)
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
