@@ -206,7 +206,8 @@ def reference_propagate(circuit, terms: dict, params=None, *, max_weight=None, m
     dropped = np.zeros(5)
     cur = {lab: (float(c), 0) for lab, c in terms.items()}
 
-    def drop_rules(d):
+    def drop_rules(d, with_sins=False):
+        """max_weight, then min_abs_coeff, then (after splits) max_sins: a term is charged to its first rule."""
         out = {}
         for lab, (c, s) in d.items():
             if max_weight is not None and weight(lab) > max_weight:
@@ -218,25 +219,14 @@ def reference_propagate(circuit, terms: dict, params=None, *, max_weight=None, m
                 if abs(c) < min_abs_coeff:
                     dropped[1] += abs(c)
                     continue
+            if with_sins and max_sins is not None and s > max_sins:
+                dropped[2] += abs(c)
+                continue
             out[lab] = (c, s)
         return out
 
     def split_rules(d):
-        out = {}
-        for lab, (c, s) in d.items():
-            if max_weight is not None and weight(lab) > max_weight:
-                dropped[0] += abs(c)
-                continue
-            if min_abs_coeff is not None:
-                if abs(abs(c) - min_abs_coeff) <= tie_rtol * max(min_abs_coeff, 1e-300) and c != 0:
-                    raise Ambiguous("coefficient at the min_abs_coeff threshold")
-                if abs(c) < min_abs_coeff:
-                    dropped[1] += abs(c)
-                    continue
-            if max_sins is not None and s > max_sins:
-                dropped[2] += abs(c)
-                continue
-            out[lab] = (c, s)
+        out = drop_rules(d, with_sins=True)
         if max_terms is not None and len(out) > max_terms:
             ranked = sorted(out.items(), key=lambda kv: -abs(kv[1][0]))
             last_kept, first_cut = abs(ranked[max_terms - 1][1][0]), abs(ranked[max_terms][1][0])
