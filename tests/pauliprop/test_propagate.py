@@ -305,3 +305,33 @@ def test_unsupported_state_raises_naming_the_cause(state, cause):
         pp.expectation(c, h, PARAMS, state=state, capacity=CAPACITY)
     with pytest.raises(ValueError, match=cause):
         pp.expectation(c, h, PARAMS, state=state, method="statevector")
+
+
+def test_without_x64_results_are_float32_and_agree_with_the_state_vector():
+    """jax_enable_x64 off (a fresh process): float32 coefficients, the two-key merge, same values to 1e-5."""
+    import subprocess
+    import sys
+
+    code = """
+import jax, numpy as np
+assert not jax.config.jax_enable_x64
+import pauliprop as pp
+c = pp.Circuit(5)
+for q in range(5):
+    c.h(q).rx(q, pp.Param(q))
+for q in range(4):
+    c.cx(q, q + 1).rzz(q, q + 1, pp.Param(5 + q)).t(q)
+h = pp.PauliSum.from_list([("ZZ", [0, 1], 1.0), ("X", [2], 0.5), ("YZ", [3, 4], -0.7)], 5)
+p = np.linspace(0.1, 0.9, 9)
+val, stats = pp.expectation(c, h, p, capacity=1024, return_stats=True)
+assert val.dtype == np.float32, val.dtype
+ref = pp.expectation(c, h, p, method="statevector", )
+g = jax.grad(lambda q: pp.expectation(c, h, q, capacity=1024))(jax.numpy.asarray(p, jax.numpy.float32))
+assert g.dtype == np.float32
+print(float(val), float(ref))
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    val, ref = map(float, out.stdout.split())
+    assert abs(val - ref) < 1e-5
