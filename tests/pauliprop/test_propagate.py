@@ -335,3 +335,10 @@ print(float(val), float(ref))
     assert out.returncode == 0, out.stderr[-2000:]
     val, ref = map(float, out.stdout.split())
     assert abs(val - ref) < 1e-5
+
+
+def test_with_x64_results_are_float64():
+    c = pp.Circuit(2).rx(0, pp.Param(0)).cx(0, 1)
+    h = pp.PauliSum.from_labels({"ZZ": 1.0})
+    val = pp.expectation(c, h, np.array([0.3]), capacity=64)
+    assert val.dtype == np.float64 and abs(float(val) - math.cos(0.3)) < 1e-15
