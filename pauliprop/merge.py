@@ -8,7 +8,7 @@ Two ways to merge, chosen per gate:
   (the anticommuting fraction), binary-searches them into the buffer, adds coefficients of words
   already there and splices the rest in by prefix sums. O(M log M + N) for M new words.
 
-Measured (DESIGN.md section 4 and experiments/merge_costs.txt): XLA sorts one uint64 key fast on
+Measured (DESIGN.md section 4 and experiments/README.md): XLA sorts one uint64 key fast on
 both backends, but a key with a payload 6x slower on CPUs; so on CPUs the slot index is packed into
 the key's low bits, and on GPUs it is a payload. Fingerprints can collide: equal keys are checked
 word by word and a collision sends the gate to an exact lexicographic sort, so results never
@@ -19,8 +19,8 @@ uint32 sort (slower, same results).
 from __future__ import annotations
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import truncation as _t
@@ -63,9 +63,9 @@ def _exact_order(x, z, live):
     return lax.sort((*keys, idx), num_keys=len(keys))[-1]
 
 
-def _fingerprint_order_32(x, z, live):
-    h1, h2 = _w.fingerprint(x, z)
-    idx = jnp.arange(x.shape[0], dtype=jnp.int32)
+def _fingerprint_order_32(h1, h2, live):
+    """Without x64: live words first, by the two uint32 fingerprint halves (a three-key sort)."""
+    idx = jnp.arange(h1.shape[0], dtype=jnp.int32)
     return lax.sort(((~live).astype(jnp.uint32), h1, h2, idx), num_keys=3)[-1]
 
 
@@ -110,9 +110,10 @@ def _truncate_and_compact(parts, truncation, capacity):
     for (slots, *_), cp in zip(parts, capped_parts):
         in_order = in_order.at[slots].set(cp)
     rank = prefix_count(in_order) - 1
-    first = parts[0]
-    outs = [jnp.full((capacity,) + a.shape[1:], DEAD_KEY if i == 5 else 0, a.dtype)
-            for i, a in enumerate(first[:6]) if i]
+    _, x0, z0, c0, s0, k0, _ = parts[0]
+    dead_key = DEAD_KEY if k0.dtype == jnp.uint64 else 0  # without x64 the keys are unused zeros
+    outs = [jnp.zeros((capacity,) + a.shape[1:], a.dtype) for a in (x0, z0, c0, s0)]
+    outs.append(jnp.full(capacity, dead_key, k0.dtype))
     for (slots, *payload), cp in zip(parts, capped_parts):
         dest = jnp.where(cp, rank[slots], capacity)
         outs = [o.at[dest].set(a, mode="drop") for o, a in zip(outs, payload[:5])]
@@ -133,8 +134,8 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
         ks = keys[order]
         same_key = jnp.concatenate([jnp.zeros(1, bool), (ks[1:] == ks[:-1]) & (ks[1:] != DEAD_KEY)])
     else:
-        order = _fingerprint_order_32(x, z, live)
         h1, h2 = _w.fingerprint(x, z)
+        order = _fingerprint_order_32(h1, h2, live)
         hs1, hs2, ls_ = h1[order], h2[order], live[order]
         same_key = jnp.concatenate([jnp.zeros(1, bool), (hs1[1:] == hs1[:-1]) & (hs2[1:] == hs2[:-1])
                                     & ls_[1:] & ls_[:-1]])
@@ -181,8 +182,9 @@ def insert_merge(x, z, coeffs, sins, live, keys, gx, gz, cos, sin, truncation: _
         jnp.arange(cap, dtype=jnp.int32), mode="drop")
     valid = src < cap
     srcc = jnp.minimum(src, cap - 1)
-    sign = _w.product_sign(x[srcc], z[srcc], gx, gz).astype(coeffs.dtype)
-    nx, nz = x[srcc] ^ gx, z[srcc] ^ gz
+    ox, oz = x[srcc], z[srcc]
+    sign = _w.product_sign(ox, oz, gx, gz).astype(coeffs.dtype)
+    nx, nz = ox ^ gx, oz ^ gz
     nc = jnp.where(valid, sin * sign * coeffs[srcc], 0)
     ns = sins[srcc] + 1
     nkeys = sort_keys(nx, nz, valid, nbits)

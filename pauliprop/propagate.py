@@ -337,13 +337,13 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     """
     from .overlap import overlap, parse_state
 
-    parse_state(state, circuit.num_qubits if isinstance(circuit, Circuit) else observable.num_qubits)  # fail early
+    _check_inputs(circuit, observable, params)
+    parse_state(state, circuit.num_qubits)  # fail before propagating
     if method == "statevector":
         from . import statevector
 
         if truncation is not None and not truncation.is_exact:
             raise ValueError("method='statevector' is exact: it takes no truncation")
-        _check_inputs(circuit, observable, params)
         val = statevector.expectation(circuit, observable, params, state=state)
         return (val, None) if return_stats else val
     if method != "pauli":
