@@ -16,8 +16,8 @@ Kinds:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -58,6 +58,7 @@ class GateDef:
     aliases: tuple[str, ...] = ()
     doc: str = ""
     qasm_names: tuple[str, ...] = field(default=())
+    stim_names: tuple[str, ...] = field(default=())  # names in Stim's circuit format (Cliffords)
 
     def matrix(self, *angles: float) -> np.ndarray:
         """The gate's unitary for the given angles (rotations) or its fixed matrix."""
@@ -104,9 +105,27 @@ def _amplitude_damp(gamma):
     ]
 
 
-def _clifford(name, n, unitary, aliases=(), doc="", qasm=()):
+def _clifford(name, n, unitary, aliases=(), doc="", qasm=(), stim=None):
+    stim = (name.upper(),) if stim is None else stim
     return GateDef(name, n, "clifford", unitary=np.asarray(unitary, dtype=complex), aliases=aliases,
-                   doc=doc, qasm_names=qasm)
+                   doc=doc, qasm_names=qasm, stim_names=stim)
+
+
+def _pauli_controlled(p: str, q: str) -> np.ndarray:
+    """Pauli-controlled Pauli (Stim's XCY etc.): (I + P_a + Q_b - P_a Q_b) / 2, P on the first qubit."""
+    pa = np.kron(np.eye(2), PAULI_MATRICES[p])
+    qb = np.kron(PAULI_MATRICES[q], np.eye(2))
+    return (np.eye(4) + pa + qb - pa @ qb) / 2
+
+
+def _sqrt_pp(p: str, sign: int) -> np.ndarray:
+    """Stim's SQRT_PP (sign +1) and SQRT_PP_DAG (-1): (I -+ i PP) / sqrt(2), the RPP(+-pi/2) matrices."""
+    return rotation_matrix(p + p, sign * math.pi / 2)
+
+
+_r2 = np.array  # short alias for the literal 2x2 matrices below (Stim's, little-endian)
+_CX = _controlled(PAULI_MATRICES["X"])
+_SWAP = np.eye(4)[[0, 2, 1, 3]]
 
 
 def _rotation(name, generator, aliases=(), doc="", qasm=()):
@@ -117,22 +136,54 @@ def _rotation(name, generator, aliases=(), doc="", qasm=()):
 GATES: dict[str, GateDef] = {
     g.name: g
     for g in [
-        _clifford("id", 1, np.eye(2), aliases=("i",), doc="identity", qasm=("id",)),
-        _clifford("h", 1, _s2 * np.array([[1, 1], [1, -1]]), doc="Hadamard", qasm=("h",)),
+        _clifford("id", 1, np.eye(2), aliases=("i",), doc="identity", qasm=("id",), stim=("I",)),
+        _clifford("h", 1, _s2 * np.array([[1, 1], [1, -1]]), aliases=("h_xz",), doc="Hadamard", qasm=("h",),
+                  stim=("H", "H_XZ")),
         _clifford("x", 1, PAULI_MATRICES["X"], doc="Pauli X", qasm=("x",)),
         _clifford("y", 1, PAULI_MATRICES["Y"], doc="Pauli Y", qasm=("y",)),
         _clifford("z", 1, PAULI_MATRICES["Z"], doc="Pauli Z", qasm=("z",)),
-        _clifford("s", 1, np.diag([1, 1j]), doc="S = diag(1, i)", qasm=("s",)),
-        _clifford("sdg", 1, np.diag([1, -1j]), aliases=("s_dag",), doc="S^dagger", qasm=("sdg",)),
-        _clifford("sx", 1, _SX, aliases=("sqrt_x",), doc="sqrt(X)", qasm=("sx",)),
-        _clifford("sxdg", 1, _SX.conj().T, aliases=("sqrt_x_dag",), doc="sqrt(X)^dagger", qasm=("sxdg",)),
-        _clifford("cx", 2, _controlled(PAULI_MATRICES["X"]), aliases=("cnot",), doc="controlled X (control, target)",
-                  qasm=("cx", "CX")),
-        _clifford("cy", 2, _controlled(PAULI_MATRICES["Y"]), doc="controlled Y", qasm=("cy",)),
-        _clifford("cz", 2, _controlled(PAULI_MATRICES["Z"]), doc="controlled Z", qasm=("cz",)),
-        _clifford("swap", 2, np.eye(4)[[0, 2, 1, 3]], doc="swap", qasm=("swap",)),
+        _clifford("s", 1, np.diag([1, 1j]), aliases=("sqrt_z",), doc="S = diag(1, i)", qasm=("s",),
+                  stim=("S", "SQRT_Z")),
+        _clifford("sdg", 1, np.diag([1, -1j]), aliases=("s_dag", "sqrt_z_dag"), doc="S^dagger", qasm=("sdg",),
+                  stim=("S_DAG", "SQRT_Z_DAG")),
+        _clifford("sx", 1, _SX, aliases=("sqrt_x",), doc="sqrt(X)", qasm=("sx",), stim=("SQRT_X",)),
+        _clifford("sxdg", 1, _SX.conj().T, aliases=("sqrt_x_dag",), doc="sqrt(X)^dagger", qasm=("sxdg",),
+                  stim=("SQRT_X_DAG",)),
+        _clifford("sqrt_y", 1, _s2 * _r2([[1, -1], [1, 1]]), doc="sqrt(Y)"),
+        _clifford("sqrt_y_dag", 1, _s2 * _r2([[1, 1], [-1, 1]]), doc="sqrt(Y)^dagger"),
+        _clifford("h_xy", 1, _r2([[0, 1], [1j, 0]]), doc="swaps X and Y (Z -> -Z)"),
+        _clifford("h_yz", 1, _s2 * _r2([[1, -1j], [1j, -1]]), doc="swaps Y and Z (X -> -X)"),
+        _clifford("h_nxy", 1, _r2([[0, 1], [-1j, 0]]), doc="swaps X and -Y"),
+        _clifford("h_nxz", 1, _s2 * _r2([[1, -1], [-1, -1]]), doc="swaps X and -Z"),
+        _clifford("h_nyz", 1, _s2 * _r2([[1, 1j], [-1j, -1]]), doc="swaps Y and -Z"),
+        _clifford("c_xyz", 1, _s2 * _r2([[1, -1j], [1, 1j]]), doc="cycles X -> Y -> Z -> X"),
+        _clifford("c_zyx", 1, _s2 * _r2([[1, 1], [1j, -1j]]), doc="cycles Z -> Y -> X -> Z"),
+        _clifford("c_nxyz", 1, _s2 * _r2([[1, -1j], [-1, -1j]]), doc="cycles -X -> Y -> Z -> -X"),
+        _clifford("c_xnyz", 1, _s2 * _r2([[1, 1j], [1, -1j]]), doc="cycles X -> -Y -> Z -> X"),
+        _clifford("c_xynz", 1, _s2 * _r2([[1, 1j], [-1, 1j]]), doc="cycles X -> Y -> -Z -> X"),
+        _clifford("c_nzyx", 1, _s2 * _r2([[1, -1], [-1j, -1j]]), doc="cycles -Z -> Y -> X -> -Z"),
+        _clifford("c_znyx", 1, _s2 * _r2([[1, 1], [-1j, 1j]]), doc="cycles Z -> -Y -> X -> Z"),
+        _clifford("c_zynx", 1, _s2 * _r2([[1, -1], [1j, 1j]]), doc="cycles Z -> Y -> -X -> Z"),
+        _clifford("cx", 2, _CX, aliases=("cnot", "zcx"), doc="controlled X (control, target)",
+                  qasm=("cx", "CX"), stim=("CX", "CNOT", "ZCX")),
+        _clifford("cy", 2, _controlled(PAULI_MATRICES["Y"]), aliases=("zcy",), doc="controlled Y", qasm=("cy",),
+                  stim=("CY", "ZCY")),
+        _clifford("cz", 2, _controlled(PAULI_MATRICES["Z"]), aliases=("zcz",), doc="controlled Z", qasm=("cz",),
+                  stim=("CZ", "ZCZ")),
+        *[_clifford(f"{p}c{q}".lower(), 2, _pauli_controlled(p, q), doc=f"{p}-controlled {q}")
+          for p in "XY" for q in "XYZ"],
+        _clifford("swap", 2, _SWAP, doc="swap", qasm=("swap",)),
         _clifford("iswap", 2, np.array([[1, 0, 0, 0], [0, 0, 1j, 0], [0, 1j, 0, 0], [0, 0, 0, 1]]), doc="iSWAP",
                   qasm=("iswap",)),
+        _clifford("iswap_dag", 2, np.array([[1, 0, 0, 0], [0, 0, -1j, 0], [0, -1j, 0, 0], [0, 0, 0, 1]]),
+                  doc="iSWAP^dagger"),
+        _clifford("cxswap", 2, _SWAP @ _CX, doc="CX then SWAP"),
+        _clifford("swapcx", 2, _CX @ _SWAP, doc="SWAP then CX"),
+        _clifford("czswap", 2, _SWAP @ _controlled(PAULI_MATRICES["Z"]), aliases=("swapcz",), doc="CZ then SWAP",
+                  stim=("CZSWAP", "SWAPCZ")),
+        *[_clifford(f"sqrt_{p}{p}{d}".lower(), 2, _sqrt_pp(p, -1 if d else 1), doc=f"sqrt({p}{p}){'^dagger' if d else ''}")
+          for p in "XYZ" for d in ("", "_DAG")],
+        _clifford("ii", 2, np.eye(4), doc="two-qubit identity", stim=("II",)),
         GateDef("t", 1, "rotation", generator="Z", fixed_angle=math.pi / 4, unitary=np.diag([1, np.exp(1j * math.pi / 4)]),
                 doc="T = diag(1, e^{i pi/4}) = e^{i pi/8} RZ(pi/4)", qasm_names=("t",)),
         GateDef("tdg", 1, "rotation", generator="Z", fixed_angle=-math.pi / 4,
