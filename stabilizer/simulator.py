@@ -1,0 +1,355 @@
+"""`TableauSimulator`: Stim's interactive stabilizer simulator, on the packed inverse tableau.
+
+Gates, measurements, resets, noise and classical feedback of a `Circuit` (or called one by one with
+Stim's method names) update a `stabilizer.tableau.Tableau`. Consecutive targets of one instruction
+that touch disjoint qubits are applied as one batch (Stim applies them in order; disjoint gates
+commute, so the result is the same). Randomness (measurement outcomes, noise) comes from a numpy
+generator seeded by `seed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cache
+
+import jax.numpy as jnp
+import numpy as np
+
+from pauliprop import gates as _gates
+
+from . import tableau as _t
+from .circuit import (
+    Circuit,
+    CircuitInstruction,
+    CircuitRepeatBlock,
+    GateTarget,
+    canonical_name,
+    product_groups,
+)
+
+_PAULI_FLIPS = {"X": (True, False), "Y": (True, True), "Z": (False, True)}  # (x part, z part)
+# Stim's order of the 15 two-qubit Paulis in DEPOLARIZE2 / PAULI_CHANNEL_2: IX IY IZ XI XX ... ZZ
+_PAIRS = [(a, b) for a in "IXYZ" for b in "IXYZ"][1:]
+# classical feedback: the Pauli applied on the quantum side when the record bit is 1
+_FEEDBACK = {"CX": "X", "CY": "Y", "CZ": "Z", "XCZ": "X", "YCZ": "Y"}
+
+
+@cache
+def gate_action(stim_name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(image, sign, arity) of a unitary Stim gate: its Heisenberg action from the shared gate table."""
+    g = _gates.GATES[canonical_gate(stim_name)]
+    image, sign = _gates.clifford_action(g.matrix())
+    return image.astype(np.int32), sign.astype(np.int32), g.num_qubits
+
+
+def canonical_gate(stim_name: str) -> str:
+    from .circuit import INSTRUCTIONS
+
+    return INSTRUCTIONS[canonical_name(stim_name)].gate
+
+
+def _bucket(k: int) -> int:
+    return 1 << max(0, (k - 1).bit_length())
+
+
+def disjoint_runs(groups: Sequence[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """Split an instruction's target groups, in order, into runs that touch each qubit at most once."""
+    runs: list[list[tuple[int, ...]]] = []
+    seen: set[int] = set()
+    for g in groups:
+        if not runs or seen.intersection(g):
+            runs.append([])
+            seen = set()
+        runs[-1].append(g)
+        seen.update(g)
+    return runs
+
+
+class TableauSimulator:
+    """Stim-compatible stabilizer simulator: `sim.do(circuit)`, `sim.h(0)`, `sim.measure(0)`, ..."""
+
+    def __init__(self, *, seed: int | None = None, num_qubits: int = 0):
+        self._rng = np.random.default_rng(seed)
+        self._n = 0
+        self._tableau = _t.identity(max(num_qubits, 1))
+        self._record: list[bool] = []
+        self.set_num_qubits(num_qubits)
+
+    # ---- size ------------------------------------------------------------------------------------
+    @property
+    def num_qubits(self) -> int:
+        return self._n
+
+    def set_num_qubits(self, n: int) -> None:
+        if n > self._n:
+            self._tableau = _t.grow(self._tableau, n)
+            self._n = n
+
+    def _ensure(self, qubits: Iterable[int]) -> None:
+        qs = list(qubits)
+        if qs:
+            if min(qs) < 0:
+                raise ValueError(f"qubit {min(qs)} is negative")
+            self.set_num_qubits(max(qs) + 1)
+
+    # ---- unitary gates ---------------------------------------------------------------------------
+    def _apply(self, stim_name: str, groups: Sequence[tuple[int, ...]]) -> None:
+        image, sign, arity = gate_action(stim_name)
+        self._ensure(q for g in groups for q in g)
+        for run in disjoint_runs(groups):
+            size = _bucket(len(run))
+            qubits = np.array(run + [run[0]] * (size - len(run)), np.int32).reshape(size, arity)
+            self._tableau = _t.prepend(self._tableau, jnp.asarray(qubits), jnp.asarray(np.tile(image, (size, 1))),
+                                       jnp.asarray(np.tile(sign, (size, 1))), arity=arity)
+
+    def _paulis(self, flips: Iterable[tuple[int, str]]) -> None:
+        """Prepend Paulis given as (qubit, 'X'|'Y'|'Z') pairs (noise, feedback); repeats compose."""
+        flips = list(flips)
+        if not flips:
+            return
+        self._ensure(q for q, _ in flips)
+        n = self._tableau.capacity
+        xf, zf = np.zeros(n, bool), np.zeros(n, bool)
+        for q, p in flips:
+            a, b = _PAULI_FLIPS[p]
+            xf[q] ^= a
+            zf[q] ^= b
+        self._tableau = _t.flip_signs(self._tableau, jnp.asarray(xf), jnp.asarray(zf))
+
+    # ---- measurement -----------------------------------------------------------------------------
+    def _measure_z(self, q: int) -> bool:
+        self._ensure([q])
+        guess = bool(self._rng.integers(2))
+        self._tableau, result, _ = _t.measure_z(self._tableau, jnp.int32(q), jnp.bool_(guess))
+        return bool(result)
+
+    def _basis_in(self, basis: str, qubits: Sequence[int]) -> None:
+        """Rotate `basis` to Z on the qubits (each change is its own inverse)."""
+        if basis != "Z" and qubits:
+            self._apply("H" if basis == "X" else "H_YZ", [(q,) for q in qubits])
+
+    def _measure(self, basis: str, q: int) -> bool:
+        self._basis_in(basis, [q])
+        r = self._measure_z(q)
+        self._basis_in(basis, [q])
+        return r
+
+    def _reset(self, basis: str, q: int) -> None:
+        self._basis_in(basis, [q])
+        if self._measure_z(q):
+            self._paulis([(q, "X")])
+        self._basis_in(basis, [q])
+
+    def _measure_product(self, factors: Sequence[tuple[str, int]]) -> bool:
+        """Measure a Pauli product on distinct qubits: rotate each factor to Z, fold the parity onto
+        the first qubit with CX, measure it, undo."""
+        for p, q in factors:
+            self._basis_in(p, [q])
+        first = factors[0][1]
+        pairs = [(q, first) for _, q in factors[1:]]
+        for pair in pairs:
+            self._apply("CX", [pair])
+        r = self._measure_z(first)
+        for pair in reversed(pairs):
+            self._apply("CX", [pair])
+        for p, q in factors:
+            self._basis_in(p, [q])
+        return r
+
+    # ---- Stim's public methods -------------------------------------------------------------------
+    def measure(self, q: int) -> bool:
+        r = self._measure("Z", q)
+        self._record.append(r)
+        return r
+
+    def measure_many(self, *qubits: int) -> list[bool]:
+        return [self.measure(q) for q in qubits]
+
+    def reset(self, *qubits: int) -> None:
+        for q in qubits:
+            self._reset("Z", q)
+
+    def reset_x(self, *qubits: int) -> None:
+        for q in qubits:
+            self._reset("X", q)
+
+    def reset_y(self, *qubits: int) -> None:
+        for q in qubits:
+            self._reset("Y", q)
+
+    def peek_z(self, q: int) -> int:
+        """+1 or -1 when Z_q is determined, 0 when measuring it would be random."""
+        if q >= self._n:
+            return 1
+        return int(_t.peek_z(self._tableau, jnp.int32(q)))
+
+    def peek_x(self, q: int) -> int:
+        return self._peek("X", q)
+
+    def peek_y(self, q: int) -> int:
+        return self._peek("Y", q)
+
+    def _peek(self, basis: str, q: int) -> int:
+        if q >= self._n:
+            return 0
+        self._basis_in(basis, [q])
+        v = self.peek_z(q)
+        self._basis_in(basis, [q])
+        return v
+
+    def current_measurement_record(self) -> list[bool]:
+        return list(self._record)
+
+    def current_inverse_tableau(self):
+        """The inverse tableau as a `stim.Tableau` over num_qubits (needs stim)."""
+        import stim
+
+        n, cap = self._n, self._tableau.capacity
+        xs, zs, signs = (np.asarray(a) for a in self._tableau)
+        bits = lambda words, rows: np.unpackbits(words[rows].view(np.uint8), axis=1, bitorder="little")[:, :n]
+        rows_x, rows_z = np.arange(n), cap + np.arange(n)
+        return stim.Tableau.from_numpy(
+            x2x=bits(xs, rows_x).astype(bool), x2z=bits(zs, rows_x).astype(bool),
+            z2x=bits(xs, rows_z).astype(bool), z2z=bits(zs, rows_z).astype(bool),
+            x_signs=signs[rows_x], z_signs=signs[rows_z])
+
+    def __getattr__(self, name: str):
+        """Gate methods by Stim name: sim.h(0, 1), sim.cx(0, 1, 2, 3), sim.sqrt_x_dag(4), ..."""
+        canon = canonical_name(name) if not name.startswith("_") else None
+        from .circuit import INSTRUCTIONS
+
+        if canon is None or INSTRUCTIONS[canon].kind != "unitary":
+            raise AttributeError(f"TableauSimulator has no attribute '{name}'")
+
+        def gate(*targets: int):
+            self.do(CircuitInstruction(canon, tuple(GateTarget(int(t)) for t in targets)))
+
+        return gate
+
+    # ---- circuits --------------------------------------------------------------------------------
+    def do(self, item) -> None:
+        """Run a Circuit, a stim.Circuit, an instruction or a repeat block."""
+        if isinstance(item, Circuit):
+            for op in item.operations:
+                self.do(op)
+        elif isinstance(item, CircuitRepeatBlock):
+            for _ in range(item.repeat_count):
+                self.do(item.body)
+        elif isinstance(item, CircuitInstruction):
+            from .circuit import _validate
+
+            if item.line == 0:
+                _validate(item, len(self._record))
+            self._do_instruction(item)
+        elif type(item).__module__.startswith("stim"):
+            self.do(Circuit(str(item)))
+        else:
+            raise TypeError(f"cannot run a {type(item).__name__}")
+
+    do_circuit = do
+
+    def _do_instruction(self, ins: CircuitInstruction) -> None:
+        d = ins.definition
+        ts = ins.targets
+        kind = d.kind
+        if kind == "unitary":
+            self._unitary(ins)
+        elif kind in ("measure", "measure_reset"):
+            p = ins.gate_args[0] if ins.gate_args else 0.0
+            for t in ts:
+                r = self._measure(d.basis, t.value)
+                if kind == "measure_reset" and r:
+                    self._basis_in(d.basis, [t.value])
+                    self._paulis([(t.value, "X")])
+                    self._basis_in(d.basis, [t.value])
+                self._record.append(r ^ t.is_inverted_result_target ^ bool(p and self._rng.random() < p))
+        elif kind == "reset":
+            for t in ts:
+                self._reset(d.basis, t.value)
+        elif kind == "pair_measure":
+            p = ins.gate_args[0] if ins.gate_args else 0.0
+            for a, b in zip(ts[::2], ts[1::2]):
+                r = self._measure_product([(d.basis, a.value), (d.basis, b.value)])
+                inv = a.is_inverted_result_target ^ b.is_inverted_result_target
+                self._record.append(r ^ inv ^ bool(p and self._rng.random() < p))
+        elif kind == "mpp":
+            p = ins.gate_args[0] if ins.gate_args else 0.0
+            for group in product_groups(ins):
+                r = self._measure_product([(t.pauli, t.value) for t in group])
+                inv = sum(t.is_inverted_result_target for t in group) % 2 == 1  # each '!' flips
+                self._record.append(r ^ inv ^ bool(p and self._rng.random() < p))
+        elif kind == "mpad":
+            p = ins.gate_args[0] if ins.gate_args else 0.0
+            for t in ts:
+                self._record.append(bool(t.value) ^ bool(p and self._rng.random() < p))
+        elif kind == "noise":
+            self._noise(ins)
+        elif kind == "correlated":
+            self._correlated(ins)
+        elif kind == "annotation":
+            self._ensure(t.value for t in ts if t.is_qubit_target)
+        else:  # pragma: no cover - the parser admits no other kinds
+            raise ValueError(f"line {ins.line}: {ins.name}: no simulation rule")
+
+    def _unitary(self, ins: CircuitInstruction) -> None:
+        _, _, arity = gate_action(ins.name)
+        ts = ins.targets
+        if arity == 1:
+            self._apply(ins.name, [(t.value,) for t in ts])
+            return
+        groups: list[tuple[int, int]] = []
+        for a, b in zip(ts[::2], ts[1::2]):
+            if a.is_qubit_target and b.is_qubit_target:
+                groups.append((a.value, b.value))
+                continue
+            if groups:  # keep the order: flush the quantum pairs before a classically controlled one
+                self._apply(ins.name, groups)
+                groups = []
+            ctrl, target = (a, b) if not a.is_qubit_target else (b, a)
+            if ctrl.is_measurement_record_target and self._record[ctrl.value]:
+                self._paulis([(target.value, _FEEDBACK[ins.name])])
+            # sweep bits are 0 without sweep data (as Stim's samplers without sweep input)
+        if groups:
+            self._apply(ins.name, groups)
+
+    def _noise(self, ins: CircuitInstruction) -> None:
+        name, args, ts = ins.name, ins.gate_args, ins.targets
+        if name in ("I_ERROR", "II_ERROR"):
+            return
+        flips: list[tuple[int, str]] = []
+        if name in ("X_ERROR", "Y_ERROR", "Z_ERROR"):
+            flips = [(t.value, name[0]) for t in ts if self._rng.random() < args[0]]
+        elif name in ("DEPOLARIZE1", "PAULI_CHANNEL_1"):
+            probs = [args[0] / 3] * 3 if name == "DEPOLARIZE1" else list(args)
+            for t in ts:
+                k = self._pick(probs)
+                if k is not None:
+                    flips.append((t.value, "XYZ"[k]))
+        else:  # DEPOLARIZE2, PAULI_CHANNEL_2
+            probs = [args[0] / 15] * 15 if name == "DEPOLARIZE2" else list(args)
+            for a, b in zip(ts[::2], ts[1::2]):
+                k = self._pick(probs)
+                if k is not None:
+                    flips += [(q, p) for q, p in zip((a.value, b.value), _PAIRS[k]) if p != "I"]
+        self._paulis(flips)
+
+    def _pick(self, probs: Sequence[float]) -> int | None:
+        """Index of the event that happens (probabilities of disjoint events), or None."""
+        u = self._rng.random()
+        acc = 0.0
+        for k, p in enumerate(probs):
+            acc += p
+            if u < acc:
+                return k
+        return None
+
+    def _correlated(self, ins: CircuitInstruction) -> None:
+        if ins.name == "E":
+            self._chain_fired = False
+        elif getattr(self, "_chain_fired", None) is None:
+            raise ValueError(f"line {ins.line}: ELSE_CORRELATED_ERROR must follow E or another ELSE_CORRELATED_ERROR")
+        if self._chain_fired:
+            return
+        if self._rng.random() < ins.gate_args[0]:
+            self._chain_fired = True
+            self._paulis([(t.value, t.pauli) for t in ins.targets])

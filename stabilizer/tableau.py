@@ -1,0 +1,200 @@
+"""The bit-packed inverse stabilizer tableau and its pure update rules.
+
+The state U|0...0> is stored as the inverse tableau T(P) = U^dagger P U (Stim's convention, DESIGN.md
+section 5): row q holds T(X_q), row N + q holds T(Z_q), each as packed x and z bits over N qubits
+(uint32 words, qubit j is bit j % 32 of word j // 32) with a sign bit, Y = i X Z per site. Then
+
+* a gate G applied to the state is prepended: T'(P) = T(G^dagger P G), a product of the rows of
+  G's qubits, from G's Heisenberg action in the shared gate table;
+* measuring Z_q reads row N + q: no x bits means deterministic, the outcome is its sign;
+* a random outcome collapses the state with gates appended at the start of time, which act on every
+  row's columns: a CX fan-out from the pivot (an exclusive prefix-XOR along the row gives the
+  signs of the whole fan-out at once, QuaSARQ section 3.2), then H or H_YZ, then X to set the result.
+
+All functions are pure (state in, state out) and jit-compiled per tableau size and batch size.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+WORD = 32
+
+
+class Tableau(NamedTuple):
+    """Inverse tableau over N qubits (N a multiple of 32): rows 0..N-1 are T(X_q), N..2N-1 are T(Z_q)."""
+
+    xs: jax.Array  # (2N, W) uint32
+    zs: jax.Array  # (2N, W) uint32
+    signs: jax.Array  # (2N,) bool, True = -1
+
+    @property
+    def capacity(self) -> int:
+        return self.xs.shape[1] * WORD
+
+
+def identity(num_qubits: int) -> Tableau:
+    """The identity tableau for at least `num_qubits` qubits (rounded up to a multiple of 32)."""
+    n = max(WORD, -(-num_qubits // WORD) * WORD)
+    eye = np.zeros((n, n // WORD), np.uint32)
+    q = np.arange(n)
+    eye[q, q // WORD] = np.uint32(1) << (q % WORD).astype(np.uint32)
+    zero = np.zeros_like(eye)
+    return Tableau(jnp.asarray(np.concatenate([eye, zero])), jnp.asarray(np.concatenate([zero, eye])),
+                   jnp.zeros(2 * n, bool))
+
+
+def grow(t: Tableau, num_qubits: int) -> Tableau:
+    """The same state on more qubits (the new ones in |0>)."""
+    if num_qubits <= t.capacity:
+        return t
+    big = identity(max(num_qubits, 2 * t.capacity))
+    n, n2, w = t.capacity, big.capacity, t.xs.shape[1]
+    xs, zs = np.array(big.xs), np.array(big.zs)
+    signs = np.array(big.signs)
+    for src, dst in ((slice(0, n), slice(0, n)), (slice(n, 2 * n), slice(n2, n2 + n))):
+        xs[dst, :w], zs[dst, :w], signs[dst] = np.asarray(t.xs[src]), np.asarray(t.zs[src]), np.asarray(t.signs[src])
+    return Tableau(jnp.asarray(xs), jnp.asarray(zs), jnp.asarray(signs))
+
+
+# ---- Pauli rows ------------------------------------------------------------------------------------
+
+def _popcount(v):
+    return jnp.sum(lax.population_count(v).astype(jnp.int32), axis=-1)
+
+
+def product_phase(x1, z1, x2, z2):
+    """g with P1 P2 = i^g (P1 xor P2) for Hermitian Pauli rows (summed over the last axis)."""
+    X1, Y1, Z1 = x1 & ~z1, x1 & z1, ~x1 & z1
+    X2, Y2, Z2 = x2 & ~z2, x2 & z2, ~x2 & z2
+    plus = (X1 & Y2) | (Y1 & Z2) | (Z1 & X2)
+    minus = (X1 & Z2) | (Y1 & X2) | (Z1 & Y2)
+    return _popcount(plus) - _popcount(minus)
+
+
+def _bit(words, q):
+    """Bit q of every row: words (R, W), q scalar -> (R,) uint32 in {0, 1}."""
+    return (words[:, q // WORD] >> (q % WORD).astype(jnp.uint32)) & jnp.uint32(1)
+
+
+def _set_bit(words, q, bits):
+    w, b = q // WORD, (q % WORD).astype(jnp.uint32)
+    col = words[:, w]
+    col = (col & ~(jnp.uint32(1) << b)) | (bits.astype(jnp.uint32) << b)
+    return words.at[:, w].set(col)
+
+
+# ---- gates: prepend a batch of gates on disjoint qubits -------------------------------------------
+
+@partial(jax.jit, static_argnames=("arity",), donate_argnums=(0,))
+def prepend(t: Tableau, qubits, image, sign, arity: int) -> Tableau:
+    """Apply gates on disjoint qubits: qubits (k, arity) int32; image, sign (k, 4**arity) the Heisenberg
+    action P -> G^dagger P G of each gate on local Pauli codes (bit 2j: x of qubit j, 2j+1: z).
+
+    Padding slots repeat an earlier slot's qubits and action (their writes are identical).
+    """
+    n = t.capacity
+    rows = jnp.concatenate([jnp.stack([qubits[:, j], n + qubits[:, j]], axis=1) for j in range(arity)], axis=1)
+    gx, gz, gs = t.xs[rows], t.zs[rows], t.signs[rows]  # (k, 2*arity, W): T(X_a), T(Z_a), T(X_b), T(Z_b)
+    outs_x, outs_z, outs_s = [], [], []
+    for g in range(2 * arity):  # the local generator X_a, Z_a, X_b, Z_b: code 1 << g
+        code = image[:, 1 << g]
+        x = jnp.zeros_like(gx[:, 0])
+        z = jnp.zeros_like(gz[:, 0])
+        phase = jnp.zeros(code.shape, jnp.int32)
+        for f in range(2 * arity):  # T(P_code) = i^{#Y} T(X_a)^{x_a} T(Z_a)^{z_a} ...
+            use = ((code >> f) & 1).astype(bool)
+            fx = jnp.where(use[:, None], gx[:, f], 0)
+            fz = jnp.where(use[:, None], gz[:, f], 0)
+            phase = phase + product_phase(x, z, fx, fz) + 2 * (use & gs[:, f])
+            x, z = x ^ fx, z ^ fz
+        ys = sum(((code >> (2 * j)) & (code >> (2 * j + 1)) & 1) for j in range(arity))
+        phase = phase + ys + jnp.where(sign[:, 1 << g] < 0, 2, 0)
+        outs_x.append(x)
+        outs_z.append(z)
+        outs_s.append((phase % 4) == 2)
+    flat = rows.reshape(-1)
+    return Tableau(t.xs.at[flat].set(jnp.stack(outs_x, 1).reshape(flat.shape[0], -1)),
+                   t.zs.at[flat].set(jnp.stack(outs_z, 1).reshape(flat.shape[0], -1)),
+                   t.signs.at[flat].set(jnp.stack(outs_s, 1).reshape(-1)))
+
+
+@jax.jit
+def flip_signs(t: Tableau, x_flip, z_flip) -> Tableau:
+    """Prepend Paulis: x_flip (N,) bool applies X on those qubits (negates T(Z_q)), z_flip applies Z
+    (negates T(X_q)); both: Y."""
+    return t._replace(signs=t.signs ^ jnp.concatenate([z_flip, x_flip]))
+
+
+# ---- measurement ---------------------------------------------------------------------------------
+
+def _exclusive_prefix_xor(v):
+    """Bit j of the result is the XOR of bits < j of the row (words (R, W), bit order as qubits)."""
+    inc = v
+    for s in (1, 2, 4, 8, 16):
+        inc = inc ^ (inc << jnp.uint32(s))
+    parity = (lax.population_count(v) & 1).astype(jnp.uint32)
+    carry = (jnp.cumsum(parity, axis=1, dtype=jnp.uint32) - parity) & 1  # parity of earlier words
+    return (inc ^ v) ^ (jnp.uint32(0) - carry)
+
+
+# Heisenberg actions (P -> V^dagger P V on codes x | z << 1) of the collapse's single-qubit gates
+_H = (np.array([0, 2, 1, 3]), np.array([1, 1, 1, -1]))
+_H_YZ = (np.array([0, 1, 3, 2]), np.array([1, -1, 1, 1]))
+
+
+def _append_1q(t: Tableau, q, image, sign) -> Tableau:
+    code = (_bit(t.xs, q) | (_bit(t.zs, q) << 1)).astype(jnp.int32)
+    new = image[code]
+    return Tableau(_set_bit(t.xs, q, new & 1), _set_bit(t.zs, q, (new >> 1) & 1), t.signs ^ (sign[code] < 0))
+
+
+def _collapse(t: Tableau, q, result):
+    """Random Z_q measurement forced to `result`: Stim's collapse (see the module docstring)."""
+    n = t.capacity
+    row = t.xs[n + q]
+    w = jnp.argmax(row != 0)
+    low = row[w] & (jnp.uint32(0) - row[w])
+    pivot = w * WORD + lax.population_count(low - jnp.uint32(1)).astype(jnp.int32)
+    # CX(pivot, k) for every other k with an x bit in T(Z_q), appended to every row at once
+    kmask = row.at[w].set(row[w] & ~low)
+    xp = _bit(t.xs, pivot).astype(bool)
+    zp = _bit(t.zs, pivot)
+    zk = t.zs & kmask
+    before = _exclusive_prefix_xor(zk) ^ (jnp.uint32(0) - zp)[:, None]  # z of the pivot before each CX
+    flips = _popcount(zk & ~(t.xs ^ before)) & 1
+    signs = t.signs ^ (xp & (flips == 1))
+    xs = t.xs ^ jnp.where(xp[:, None], kmask, jnp.uint32(0))
+    zs = _set_bit(t.zs, pivot, zp ^ (_popcount(zk) & 1).astype(jnp.uint32))
+    t = Tableau(xs, zs, signs)
+    # now T(Z_q) has a single x bit, at the pivot: rotate it to Z there
+    use_yz = _bit(t.zs, pivot)[n + q] == 1
+    image = jnp.where(use_yz, jnp.asarray(_H_YZ[0]), jnp.asarray(_H[0]))
+    sign = jnp.where(use_yz, jnp.asarray(_H_YZ[1]), jnp.asarray(_H[1]))
+    t = _append_1q(t, pivot, image, sign)
+    # X at the start of time flips every row with a Z or Y at the pivot: sets the outcome
+    fix = t.signs[n + q] != result
+    return t._replace(signs=t.signs ^ (fix & (_bit(t.zs, pivot) == 1)))
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def measure_z(t: Tableau, q, random_result):
+    """Measure Z on qubit q. Returns (tableau, outcome, was_random); a random outcome is `random_result`."""
+    n = t.capacity
+    was_random = jnp.any(t.xs[n + q] != 0)
+    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result), lambda s: s, t)
+    return t, t.signs[n + q], was_random
+
+
+@jax.jit
+def peek_z(t: Tableau, q):
+    """+1 or -1 if Z_q is determined, 0 if a measurement would be random."""
+    n = t.capacity
+    random = jnp.any(t.xs[n + q] != 0)
+    return jnp.where(random, 0, jnp.where(t.signs[n + q], -1, 1))
