@@ -1,4 +1,41 @@
-"""stabilizer: a bit-packed stabilizer tableau simulator and many-shot sampler on JAX (Stim-compatible).
+"""stabilizer: a bit-packed stabilizer simulator and many-shot sampler on JAX, with Stim's names.
 
-Not built yet: issue 4 builds Circuit, TableauSimulator, compile_sampler and compile_detector_sampler.
+    import stabilizer as st
+    circ = st.Circuit(stim_text)                      # or st.Circuit(stim.Circuit(...))
+    st.compile_sampler(circ, seed=0).sample(shots)    # (shots, num_measurements) bool
+    st.compile_detector_sampler(circ, seed=0).sample(shots, separate_observables=True)
+    sim = st.TableauSimulator(seed=0); sim.do(circ); sim.measure(0); sim.current_measurement_record()
+
+Modules: `circuit` (Stim text), `tableau` (the packed inverse tableau and its pure rules), `simulator`
+(TableauSimulator), `frames` (Pauli frames of many shots), `sampler` (the compiled samplers).
 """
+
+from .circuit import (
+                      Circuit,
+                      CircuitError,
+                      CircuitInstruction,
+                      CircuitRepeatBlock,
+                      GateTarget,
+)
+from .sampler import (
+                      CompiledDetectorSampler,
+                      CompiledMeasurementSampler,
+                      compile_detector_sampler,
+                      compile_sampler,
+                      reference_sample,
+)
+from .simulator import TableauSimulator
+
+__all__ = [
+                      "Circuit",
+                      "CircuitError",
+                      "CircuitInstruction",
+                      "CircuitRepeatBlock",
+                      "CompiledDetectorSampler",
+                      "CompiledMeasurementSampler",
+                      "GateTarget",
+                      "TableauSimulator",
+                      "compile_detector_sampler",
+                      "compile_sampler",
+                      "reference_sample",
+]

@@ -337,6 +337,21 @@ class Circuit:
     def __repr__(self) -> str:
         return f"stabilizer.Circuit('''\n{self}\n''')"
 
+    def compile_sampler(self, *, seed: int | None = None, skip_reference_sample: bool = False):
+        from .sampler import compile_sampler
+
+        return compile_sampler(self, seed=seed, skip_reference_sample=skip_reference_sample)
+
+    def compile_detector_sampler(self, *, seed: int | None = None):
+        from .sampler import compile_detector_sampler
+
+        return compile_detector_sampler(self, seed=seed)
+
+    def reference_sample(self):
+        from .sampler import reference_sample
+
+        return reference_sample(self)
+
     def to_stim(self):
         """This circuit as a `stim.Circuit` (needs stim)."""
         import stim
