@@ -37,8 +37,12 @@ def to_qiskit(circuit, params=None, state="0"):
         if ins.name == "pauli_rotation":
             # exp(-i t P) with t = a/2; Qiskit's Pauli labels are reversed (rightmost = first qubit argument)
             qc.append(PauliEvolutionGate(Pauli(ins.pauli[::-1]), time=args[0] / 2), list(ins.qubits))
-        else:
+        elif hasattr(qc, ins.name):
             getattr(qc, ins.name)(*args, *ins.qubits)
+        else:  # Stim-only Cliffords: their matrices are checked against Stim's in test_gates.py
+            from qiskit.circuit.library import UnitaryGate
+
+            qc.append(UnitaryGate(ins.gate.matrix()), list(ins.qubits))
     return qc
 
 
