@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from pauliprop import gates as _gates
 
@@ -170,7 +169,7 @@ class CircuitRepeatBlock:
         return self.body.copy()
 
 
-Operation = Union[CircuitInstruction, CircuitRepeatBlock]
+Operation = CircuitInstruction | CircuitRepeatBlock
 
 
 def _fmt(x: float) -> str:

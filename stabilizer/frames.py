@@ -8,7 +8,8 @@ state, it makes later measurements of that qubit in another basis random, as the
 Outcomes are reference XOR flips; detectors and observables are parities of flips (DESIGN.md
 section 5: the reference shot is not optional).
 
-Words are uint32 of 32 shots; x and z have shape (num_qubits, words).
+Words are uint32 of 32 shots; x and z have shape (num_qubits + 1, words) (the last row is the
+lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.program`) as one scan.
 """
 
 from __future__ import annotations
@@ -49,62 +50,140 @@ def _literal(v, bit):
     return jnp.where(bit, v, ~v)
 
 
-@partial(jax.jit, static_argnames=("arity",), donate_argnums=(0,))
-def apply_gate(f: Frames, qubits, image, arity: int) -> Frames:
-    """Conjugate frames by gates on disjoint qubits: qubits (k, arity); image (4**arity,) the forward
-    action P -> G P G^dagger on local codes (bit 2j: x of qubit j, 2j+1: z), signs dropped.
+# ---- a lowered program (stabilizer.program) over all shots of a chunk -----------------------------
 
-    Bit-sliced: each output bit is the OR of the minterms of the codes whose image sets it.
-    """
-    bits = []
-    for j in range(arity):
-        bits += [f.x[qubits[:, j]], f.z[qubits[:, j]]]
-    outs = [jnp.zeros_like(bits[0]) for _ in bits]
-    for code in range(4**arity):
+class _Carry(NamedTuple):
+    f: Frames
+    record: jax.Array  # (M + 1, words): flips of every measurement; the last row is scratch
+    base: jax.Array  # int32: measurements recorded so far
+    counter: jax.Array  # uint32: ops run so far (the random stream of op i is fold_in(key, i))
+    chain: jax.Array  # (words,): shots where the current E / ELSE chain has fired
+
+
+def _maybe_bernoulli(key, p, shape):
+    return lax.cond(p > 0, lambda: bernoulli_bits(key, p, shape), lambda: jnp.zeros(shape, jnp.uint32))
+
+
+def _pair_codes() -> jax.Array:
+    """4-bit codes (x_a, z_a, x_b, z_b) of the 15 two-qubit Pauli events and of 'nothing' (index 15)."""
+    from .program import _PAIRS, _XBIT, _ZBIT
+
+    codes = [_XBIT[a] | _ZBIT[a] << 1 | _XBIT[b] << 2 | _ZBIT[b] << 3 for a, b in _PAIRS]
+    return jnp.asarray(codes + [0], jnp.uint32)
+
+
+def _op_gate(c: _Carry, row, key) -> _Carry:
+    q0, q1 = row["q"][:, 0], row["q"][:, 1]
+    bits = [c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1]]
+    outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
+    for code in range(16):
         minterm = _literal(bits[0], code & 1)
-        for b in range(1, 2 * arity):
+        for b in range(1, 4):
             minterm = minterm & _literal(bits[b], (code >> b) & 1)
-        for b in range(2 * arity):
-            outs[b] = outs[b] | jnp.where((image[code] >> b) & 1, minterm, jnp.uint32(0))
-    x, z = f.x, f.z
-    for j in range(arity):
-        x = x.at[qubits[:, j]].set(outs[2 * j])
-        z = z.at[qubits[:, j]].set(outs[2 * j + 1])
-    return Frames(x, z)
+        for b in range(4):
+            outs[b] = outs[b] | jnp.where((row["fwd"][code] >> b) & 1, minterm, jnp.uint32(0))
+    x = c.f.x.at[q0].set(outs[0]).at[q1].set(outs[2])
+    z = c.f.z.at[q0].set(outs[1]).at[q1].set(outs[3])
+    return c._replace(f=Frames(x, z))
 
 
-@partial(jax.jit, donate_argnums=(0,))
-def xor_paulis(f: Frames, qubits, x_bits, z_bits) -> Frames:
-    """Multiply Paulis into the frames: qubits (k,), x_bits / z_bits (k, words) packed masks."""
-    return Frames(f.x.at[qubits].set(f.x[qubits] ^ x_bits), f.z.at[qubits].set(f.z[qubits] ^ z_bits))
+def _op_measure(c: _Carry, row, key) -> _Carry:
+    q = row["q"][:, 0]
+    k1, k2 = jax.random.split(key)
+    xq, zq = c.f.x[q], c.f.z[q]
+    flips = xq ^ _maybe_bernoulli(k1, row["probs"][0], xq.shape)
+    scratch = c.record.shape[0] - 1
+    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
+    r = random_bits(k2, xq.shape)
+    reset = row["reset"][:, None]
+    x = c.f.x.at[q].set(jnp.where(reset, jnp.uint32(0), xq))
+    z = c.f.z.at[q].set(jnp.where(reset, r, zq ^ r))
+    return c._replace(f=Frames(x, z), record=record, base=c.base + row["advance"])
 
 
-@partial(jax.jit, static_argnames=("reset",), donate_argnums=(0,))
-def measure_product(f: Frames, qubits, px, pz, key, reset: bool = False):
-    """Measure Pauli products: qubits, px, pz (k, m) give m factors each (padding factors have px =
-    pz = 0). Returns (frames, flips (k, words)). Afterwards each frame takes a random multiple of the
-    measured product (or, for resets of single qubits, is cleared and then randomised)."""
-    fx, fz = f.x[qubits], f.z[qubits]  # (k, m, words)
-    mask = lambda b: jnp.uint32(0) - b.astype(jnp.uint32)[..., None]
-    anti = (fx & mask(pz)) ^ (fz & mask(px))
-    flips = lax.reduce(anti, jnp.uint32(0), lax.bitwise_xor, (1,))
-    r = random_bits(key, flips.shape)[:, None, :]
-    if reset:
-        fx, fz = jnp.zeros_like(fx), jnp.zeros_like(fz)
-    fx = fx ^ (r & mask(px))
-    fz = fz ^ (r & mask(pz))
-    x, z = f.x, f.z
-    for j in range(qubits.shape[1]):
-        x = x.at[qubits[:, j]].set(fx[:, j])
-        z = z.at[qubits[:, j]].set(fz[:, j])
-    return Frames(x, z), flips
+def _op_noise(c: _Carry, row, key) -> _Carry:
+    q0, q1 = row["q"][:, 0], row["q"][:, 1]
+    shape = c.f.x[q0].shape
+    edges = jnp.cumsum(row["probs"])
+    thresholds = jnp.minimum(jnp.round(edges * 2.0**32), 2.0**32 - 1).astype(jnp.uint32)
+    thresholds = jnp.where(edges >= 1.0, jnp.uint32(2**32 - 1), thresholds)
+
+    def sample():
+        u = jax.random.bits(key, shape + (32,), jnp.uint32)
+        event = jnp.sum(u[..., None] >= thresholds, axis=-1)  # 15 = nothing happened
+        code = _pair_codes()[event]
+        return [pack(((code >> b) & 1).astype(bool)) for b in range(4)]
+
+    def skip():
+        return [jnp.zeros(shape, jnp.uint32)] * 4
+
+    xa, za, xb, zb = lax.cond(edges[-1] > 0, sample, skip)
+    active = row["active"][:, None]
+    x = c.f.x.at[q0].set(c.f.x[q0] ^ xa).at[q1].set(c.f.x[q1] ^ jnp.where(active, xb, 0))
+    z = c.f.z.at[q0].set(c.f.z[q0] ^ za).at[q1].set(c.f.z[q1] ^ jnp.where(active, zb, 0))
+    return c._replace(f=Frames(x, z))
 
 
-@partial(jax.jit, static_argnames=("shape", "num_paulis"))
-def sample_paulis(key, probs, shape, num_paulis: int):
-    """Independent draws of one of `num_paulis` disjoint events with probabilities `probs` (the rest:
-    nothing). Returns (num_paulis, *shape) packed masks of which event happened."""
-    u = jax.random.uniform(key, shape + (32,))
-    edges = jnp.cumsum(probs)
-    event = jnp.sum(u[..., None] >= edges, axis=-1)  # index of the event, num_paulis = none
-    return jnp.stack([pack(event == e) for e in range(num_paulis)])
+def _op_correlated(c: _Carry, row, key) -> _Carry:
+    fire = _maybe_bernoulli(key, row["probs"][0], c.chain.shape)
+    fire, chain = (jnp.where(row["is_else"], fire & ~c.chain, fire), jnp.where(row["is_else"], c.chain | fire, fire))
+    return _xor_slots(c, row, jnp.broadcast_to(fire, (row["q"].shape[0],) + fire.shape))._replace(chain=chain)
+
+
+def _xor_slots(c: _Carry, row, masks) -> _Carry:
+    q = row["q"][:, 0]
+    on = lambda flag: jnp.where((row["active"] & flag)[:, None], masks, jnp.uint32(0))
+    return c._replace(f=Frames(c.f.x.at[q].set(c.f.x[q] ^ on(row["px"])), c.f.z.at[q].set(c.f.z[q] ^ on(row["pz"]))))
+
+
+def _op_feedback(c: _Carry, row, key) -> _Carry:
+    bits = c.record[jnp.where(row["active"], c.base - row["rec"], c.record.shape[0] - 1)]
+    return _xor_slots(c, row, bits)
+
+
+def _op_mpad(c: _Carry, row, key) -> _Carry:
+    shape = (row["rec"].shape[0], c.record.shape[1])
+    flips = _maybe_bernoulli(key, row["probs"][0], shape)
+    scratch = c.record.shape[0] - 1
+    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
+    return c._replace(record=record, base=c.base + row["advance"])
+
+
+_OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
+
+
+def _run_segments(structure, tables, carry: _Carry, key) -> _Carry:
+    for shape, table in zip(structure, tables):
+        if shape == "table":
+            def step(c, row):
+                k = jax.random.fold_in(key, c.counter)
+                c = lax.switch(row["kind"], _OPS, c, row, k)
+                return c._replace(counter=c.counter + 1), None
+
+            carry, _ = lax.scan(step, carry, table)
+        else:
+            count, inner = shape
+            carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c, key),
+                                  carry)
+    return carry
+
+
+def structure_of(program) -> tuple:
+    """The static shape of a Program's segments: 'table' or (count, inner structure)."""
+    from .program import Repeat
+
+    def walk(segs):
+        return tuple((s.count, walk(s.body)) if isinstance(s, Repeat) else "table" for s in segs)
+
+    return walk(program.segments)
+
+
+@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words"))
+def run_program(structure, tables, key, num_qubits: int, num_measurements: int, words: int):
+    """Frames of `32 * words` shots through a lowered program. Returns the record flips (M, words)."""
+    carry = _Carry(zeros(num_qubits + 1, words), jnp.zeros((num_measurements + 1, words), jnp.uint32),
+                   jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
+    # every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)
+    carry = carry._replace(f=Frames(carry.f.x, random_bits(jax.random.fold_in(key, 2**32 - 1), carry.f.z.shape)))
+    carry = _run_segments(structure, tables, carry, key)
+    return carry.record[:num_measurements]

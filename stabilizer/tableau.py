@@ -186,10 +186,7 @@ def _collapse(t: Tableau, q, result):
 @partial(jax.jit, donate_argnums=(0,))
 def measure_z(t: Tableau, q, random_result):
     """Measure Z on qubit q. Returns (tableau, outcome, was_random); a random outcome is `random_result`."""
-    n = t.capacity
-    was_random = jnp.any(t.xs[n + q] != 0)
-    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result), lambda s: s, t)
-    return t, t.signs[n + q], was_random
+    return _measure_z_inner(t, q, random_result)
 
 
 @jax.jit
@@ -198,3 +195,84 @@ def peek_z(t: Tableau, q):
     n = t.capacity
     random = jnp.any(t.xs[n + q] != 0)
     return jnp.where(random, 0, jnp.where(t.signs[n + q], -1, 1))
+
+
+# ---- a lowered program (stabilizer.program) on the tableau: the noiseless reference shot ---------
+
+class _Carry(NamedTuple):
+    t: Tableau
+    record: jax.Array  # (M + 1,) bool, last entry scratch
+    base: jax.Array  # int32
+
+
+def _op_gate(c: _Carry, row) -> _Carry:
+    k = row["q"].shape[0]
+    image = jnp.broadcast_to(row["inv"], (k, 16))
+    sign = jnp.broadcast_to(row["sign"], (k, 16))
+    return c._replace(t=prepend(c.t, row["q"], image, sign, arity=2))
+
+
+def _op_measure(c: _Carry, row) -> _Carry:
+    n = c.t.capacity
+    scratch = c.record.shape[0] - 1
+
+    def slot(j, c):
+        def on(c):
+            q = row["q"][j, 0]
+            t, result, _ = _measure_z_inner(c.t, q, jnp.zeros((), bool))
+            rec = jnp.where(row["rec"][j] >= 0, c.base + row["rec"][j], scratch)
+            record = c.record.at[rec].set(result ^ row["invert"][j])
+            signs = t.signs.at[n + q].set(jnp.where(row["reset"][j], False, t.signs[n + q]))
+            return c._replace(t=t._replace(signs=signs), record=record)
+
+        return lax.cond(row["active"][j], on, lambda c: c, c)
+
+    c = lax.fori_loop(0, row["q"].shape[0], slot, c)
+    return c._replace(base=c.base + row["advance"])
+
+
+def _op_nothing(c: _Carry, row) -> _Carry:  # noise: the reference shot is noiseless
+    return c
+
+
+def _op_feedback(c: _Carry, row) -> _Carry:
+    n = c.t.capacity
+    scratch = c.record.shape[0] - 1
+    bit = c.record[jnp.where(row["active"], c.base - row["rec"], scratch)] & row["active"]
+    q = row["q"][:, 0]
+    signs = c.t.signs.at[n + q].set(c.t.signs[n + q] ^ (bit & row["px"]))  # X part negates T(Z_q)
+    signs = signs.at[q].set(signs[q] ^ (bit & row["pz"]))  # Z part negates T(X_q)
+    return c._replace(t=c.t._replace(signs=signs))
+
+
+def _op_mpad(c: _Carry, row) -> _Carry:
+    scratch = c.record.shape[0] - 1
+    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(row["invert"])
+    return c._replace(record=record, base=c.base + row["advance"])
+
+
+_OPS = (_op_gate, _op_measure, _op_nothing, _op_nothing, _op_feedback, _op_mpad)
+
+
+def _measure_z_inner(t: Tableau, q, random_result):
+    n = t.capacity
+    was_random = jnp.any(t.xs[n + q] != 0)
+    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result), lambda s: s, t)
+    return t, t.signs[n + q], was_random
+
+
+def _run_segments(structure, tables, c: _Carry) -> _Carry:
+    for shape, table in zip(structure, tables):
+        if shape == "table":
+            c, _ = lax.scan(lambda c, row: (lax.switch(row["kind"], _OPS, c, row), None), c, table)
+        else:
+            count, inner = shape
+            c = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c), c)
+    return c
+
+
+@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements"))
+def reference_record(structure, tables, num_qubits: int, num_measurements: int):
+    """The noiseless record of a lowered program, random outcomes taken as 0 (Stim's reference sample)."""
+    c = _Carry(identity(num_qubits + 1), jnp.zeros(num_measurements + 1, bool), jnp.zeros((), jnp.int32))
+    return _run_segments(structure, tables, c).record[:num_measurements]

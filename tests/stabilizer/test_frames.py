@@ -1,4 +1,4 @@
-"""Pauli frames (stabilizer/frames.py): the bit-sliced rules equal the per-shot Pauli algebra."""
+"""Pauli frames (stabilizer/frames.py): the bit-sliced op rules equal the per-shot Pauli algebra."""
 
 from __future__ import annotations
 
@@ -8,60 +8,95 @@ import numpy as np
 import pytest
 
 from stabilizer import frames as F
-from stabilizer.sampler import _forward_image
+from stabilizer import program as P
+from stabilizer.circuit import Circuit
 
-from .test_tableau import STIM_GATES
+from .test_tableau import STIM_GATES, gate_action
 
 stim = pytest.importorskip("stim")
 _LETTER = {(0, 0): "_", (1, 0): "X", (1, 1): "Y", (0, 1): "Z"}
 
 
-def _bits(words: np.ndarray) -> np.ndarray:
-    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=-1, bitorder="little")
+def _bits(words) -> np.ndarray:
+    return np.unpackbits(np.ascontiguousarray(np.asarray(words)).view(np.uint8), axis=-1, bitorder="little")
+
+
+def _carry(rng, qubits: int, words: int = 2, measurements: int = 4) -> F._Carry:
+    rand = lambda: jnp.asarray(rng.integers(0, 2**32, (qubits, words), dtype=np.uint32))
+    return F._Carry(F.Frames(rand(), rand()), jnp.zeros((measurements + 1, words), jnp.uint32),
+                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
+
+
+def _row(op_kind, slots, spare, **fields):
+    row = {k: jnp.asarray(v[0]) for k, v in P._table([P._Op(op_kind, slots, **fields)], len(slots), spare).items()}
+    return row
 
 
 @pytest.mark.parametrize("name", STIM_GATES)
 def test_gate_conjugates_every_shot_as_stim(name):
     """Shot by shot, the new frame is G P G^dagger up to sign (stim.Tableau applied to the frame)."""
-    image, arity = _forward_image(name)
+    arity = gate_action(name)[2]
     rng = np.random.default_rng(0)
-    f = F.Frames(jnp.asarray(rng.integers(0, 2**32, (3, 2), dtype=np.uint32)),
-                 jnp.asarray(rng.integers(0, 2**32, (3, 2), dtype=np.uint32)))
-    qubits = np.array([[2, 0][:arity]], np.int32)
-    before = tuple(_bits(np.asarray(a)) for a in f)
-    out = F.apply_gate(F.Frames(*[a.copy() for a in f]), jnp.asarray(qubits), jnp.asarray(image), arity=arity)
-    after = tuple(_bits(np.asarray(a)) for a in out)
+    c = _carry(rng, 4)  # qubits 0..2 and the spare 3
+    qubits = [2, 0][:arity]
+    row = _row(P.GATE, [{"q": (qubits[0], qubits[1] if arity == 2 else 3)}], 3, gate=name)
+    out = F._op_gate(c, row, jax.random.key(0))
+    before = [_bits(a) for a in c.f]
+    after = [_bits(a) for a in out.f]
     tab = stim.Tableau.from_named_gate(name)
-    for shot in range(0, 64, 7):
+    for shot in range(0, 64, 5):
         p = stim.PauliString("".join(_LETTER[(before[0][q, shot], before[1][q, shot])] for q in range(3)))
-        want = p.after(tab, targets=list(qubits[0]))
         got = "".join(_LETTER[(after[0][q, shot], after[1][q, shot])] for q in range(3))
-        assert str(want)[1:] == got, (name, shot)
+        assert str(p.after(tab, targets=qubits))[1:] == got, (name, shot)
 
 
-def test_measurement_flips_are_anticommutation_and_leave_a_stabilizer():
+@pytest.mark.parametrize("reset", [False, True])
+def test_measurement_records_the_x_part_and_leaves_a_z_stabilizer(reset):
     rng = np.random.default_rng(1)
-    x = rng.integers(0, 2**32, (2, 1), dtype=np.uint32)
-    z = rng.integers(0, 2**32, (2, 1), dtype=np.uint32)
-    qubits = jnp.asarray([[0, 1]], jnp.int32)
-    px, pz = jnp.asarray([[True, False]]), jnp.asarray([[True, True]])  # measure Y0 Z1
-    f, flips = F.measure_product(F.Frames(jnp.asarray(x), jnp.asarray(z)), qubits, px, pz, jax.random.key(0))
-    want = (z[0] ^ x[0]) ^ x[1]  # Y anticommutes with X and Z parts that differ; Z with X
-    np.testing.assert_array_equal(np.asarray(flips)[0], want[0])
-    # the frame changed only by a multiple of Y0 Z1: x0 and z0 flipped together, z1 with them, x1 fixed
-    dx, dz = np.asarray(f.x) ^ x, np.asarray(f.z) ^ z
-    np.testing.assert_array_equal(dx[0], dz[0])
-    np.testing.assert_array_equal(dz[1], dz[0])
-    assert not dx[1].any()
+    c = _carry(rng, 3)
+    row = _row(P.MEASURE, [{"q": (1, 2), "rec": 0, "reset": reset}], 2, advance=1)
+    out = F._op_measure(c, row, jax.random.key(5))
+    np.testing.assert_array_equal(np.asarray(out.record[0]), np.asarray(c.f.x[1]))
+    assert int(out.base) == 1
+    x_after = np.asarray(out.f.x[1])
+    np.testing.assert_array_equal(x_after, 0 if reset else np.asarray(c.f.x[1]))  # Z frames are harmless
+    np.testing.assert_array_equal(np.asarray(out.f.x[0]), np.asarray(c.f.x[0]))  # other qubits untouched
 
 
-def test_bernoulli_bits_and_categorical_rates():
-    bits = _bits(np.asarray(F.bernoulli_bits(jax.random.key(3), 0.1, (4, 64))))
-    assert abs(bits.mean() - 0.1) < 5 * np.sqrt(0.09 / bits.size)
-    ev = _bits(np.asarray(F.sample_paulis(jax.random.key(4), jnp.asarray([0.1, 0.2, 0.3]), (4, 64), num_paulis=3)))
-    assert np.all(ev.sum(0) <= 1)  # disjoint events
-    for e, p in enumerate([0.1, 0.2, 0.3]):
-        assert abs(ev[e].mean() - p) < 5 * np.sqrt(p * (1 - p) / ev[e].size)
+def test_feedback_xors_the_recorded_flip():
+    rng = np.random.default_rng(2)
+    c = _carry(rng, 3)
+    c = c._replace(record=c.record.at[0].set(jnp.asarray([0xF0F0F0F0, 0x1], jnp.uint32)), base=jnp.int32(1))
+    row = _row(P.FEEDBACK, [{"q": (0, 2), "rec": 1, "pauli": "Y"}], 2)
+    out = F._op_feedback(c, row, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out.f.x[0]) ^ np.asarray(c.f.x[0]), [0xF0F0F0F0, 0x1])
+    np.testing.assert_array_equal(np.asarray(out.f.z[0]) ^ np.asarray(c.f.z[0]), [0xF0F0F0F0, 0x1])
+
+
+def test_noise_events_have_their_probabilities():
+    """PAULI_CHANNEL_2 with distinct probabilities: each pair's frequency over 2**14 shots."""
+    probs = np.linspace(0.01, 0.05, 15)
+    probs /= probs.sum() / 0.6
+    c = _carry(np.random.default_rng(3), 3, words=512)
+    c = c._replace(f=F.zeros(3, 512))
+    out = F._op_noise(c, _row(P.NOISE, [{"q": (0, 1)}], 2, probs=tuple(probs)), jax.random.key(7))
+    xa, za, xb, zb = (_bits(a) for a in (out.f.x[0], out.f.z[0], out.f.x[1], out.f.z[1]))
+    codes = xa | za << 1 | xb << 2 | zb << 3
+    for k, (a, b) in enumerate(P._PAIRS):
+        code = P._XBIT[a] | P._ZBIT[a] << 1 | P._XBIT[b] << 2 | P._ZBIT[b] << 3
+        rate = np.mean(codes == code)
+        assert abs(rate - probs[k]) < 5 * np.sqrt(probs[k] / codes.size), (a + b, rate, probs[k])
+
+
+def test_run_program_flips_only_where_noise_is():
+    prog = P.lower(Circuit("H 0\nCX 0 1\nX_ERROR(1) 1\nM 0 1\nREPEAT 3 {\n  MR 1\n}"))
+    flips = F.run_program(F.structure_of(prog), prog.tables(), jax.random.key(0), prog.num_qubits,
+                          prog.num_measurements, 4)
+    bits = _bits(flips)
+    assert bits.shape == (5, 128)
+    assert np.all(bits[0] ^ bits[1])  # the X error flips qubit 1 relative to qubit 0 in every shot
+    assert 0.3 < bits[0].mean() < 0.7  # the Bell pair's outcome is random per shot
+    assert np.all(bits[2] == ~bits[0] & 1) and not bits[3:].any()  # MR resets: later MRs are noiseless
 
 
 def test_pack_puts_draw_j_at_bit_j():
