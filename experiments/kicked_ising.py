@@ -44,13 +44,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as _dt
-import importlib.metadata as _md
 import json
 import math
 import os
-import platform
-import socket
 import sys
 import time
 import traceback
@@ -67,6 +63,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO_ROOT))
 
+import benchtools  # noqa: E402  (experiments/benchtools.py)
 import pauliprop as pp  # noqa: E402
 from pauliprop import models  # noqa: E402
 
@@ -111,51 +108,10 @@ def load_references(data_dir: Path | None) -> tuple[dict, str]:
 
 # ---- environment -----------------------------------------------------------------------------------
 
-def _version(dist: str) -> str | None:
-    try:
-        return _md.version(dist)
-    except _md.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def environment() -> dict:
-    dev = jax.devices()[0]
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "load_average_1_5_15": load,
-        "jax_backend": jax.default_backend(),
-        "device_kind": dev.device_kind,
-        "device_count": jax.device_count(),
-        "jax_enable_x64": bool(jax.config.jax_enable_x64),
-        "python": sys.version.split()[0],
-        "versions": {d: _version(d) for d in ("jax", "jaxlib", "pauli-prop", "qiskit", "qiskit-aer", "numpy")},
-        "pauliprop": getattr(pp, "__version__", None),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-    }
+    env = benchtools.environment(("pauli-prop", "qiskit", "qiskit-aer"))
+    env["pauliprop"] = getattr(pp, "__version__", None)
+    return env
 
 
 # ---- the two tools ---------------------------------------------------------------------------------
@@ -272,12 +228,7 @@ def parse_angles(text: str) -> list[int]:
 
 
 def default_out(backend: str) -> Path:
-    day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    base = REPO_ROOT / "experiments" / "results" / f"kicked_ising_{backend}_{day}"
-    out, i = base.with_suffix(".json"), 1
-    while out.exists():
-        out, i = Path(f"{base}_{i}.json"), i + 1
-    return out
+    return benchtools.default_out("kicked_ising", backend)
 
 
 def main(argv=None):

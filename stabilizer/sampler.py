@@ -18,7 +18,15 @@ from . import program as _p
 from . import tableau as _t
 from .circuit import Circuit
 
-_CHUNK_BYTES = 1 << 28  # the working set of one chunk of shots stays under ~256 MiB
+_CHUNK_BYTES = None  # working-set budget of one chunk of shots; None: an eighth of device memory
+
+
+def _chunk_bytes() -> int:
+    if _CHUNK_BYTES is not None:
+        return _CHUNK_BYTES
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return max(1 << 26, limit // 8) if limit else 1 << 28  # CPUs report no limit: 256 MiB
 
 
 def reference_sample(circuit: Circuit) -> np.ndarray:
@@ -80,7 +88,7 @@ class _Sampler:
         prog = self.program
         per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + 100 * prog.width
                         + len(prog.detectors) + len(prog.observables))
-        fit = max(1, _CHUNK_BYTES // per_word)
+        fit = max(1, _chunk_bytes() // per_word)
         chunk_words = 1 << (fit.bit_length() - 1)
         self._calls += 1
         call_key = jax.random.fold_in(self._key, self._calls)

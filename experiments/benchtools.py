@@ -1,0 +1,72 @@
+"""What every benchmark script records beside its figures: the machine, the versions, the command."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as _md
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def version(dist: str) -> str | None:
+    try:
+        return _md.version(dist)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def environment(dists: tuple[str, ...]) -> dict:
+    """Date, host, CPU, JAX device and the versions of `dists` (and of jax, jaxlib, numpy, pauliprop)."""
+    import jax
+
+    dev = jax.devices()[0]
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "load_average_1_5_15": load,
+        "jax_backend": jax.default_backend(),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
+        "python": sys.version.split()[0],
+        "versions": {d: version(d) for d in ("jax", "jaxlib", "numpy", "pauliprop", *dists)},
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+    }
+
+
+def default_out(name: str, backend: str) -> Path:
+    """experiments/results/<name>_<backend>_<date>.json, not overwriting an earlier file."""
+    day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    base = REPO_ROOT / "experiments" / "results" / f"{name}_{backend}_{day}"
+    out, i = base.with_suffix(".json"), 1
+    while out.exists():
+        out, i = Path(f"{base}_{i}.json"), i + 1
+    return out
