@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache, cached_property
 
 from pauliprop import gates as _gates
 
@@ -94,14 +95,13 @@ class GateTarget:
     is_measurement_record_target: bool = False
     is_sweep_bit_target: bool = False
     is_combiner: bool = False
+    is_qubit_target: bool = field(init=False, repr=False, compare=False)
+    qubit_value: int | None = field(init=False, repr=False, compare=False)  # the qubit of qubit/Pauli targets
 
-    @property
-    def is_qubit_target(self) -> bool:
-        return not (self.pauli or self.is_measurement_record_target or self.is_sweep_bit_target or self.is_combiner)
-
-    @property
-    def qubit_value(self) -> int | None:
-        return self.value if (self.is_qubit_target or self.pauli) else None
+    def __post_init__(self):  # plain attributes: large circuits read them millions of times
+        plain = not (self.pauli or self.is_measurement_record_target or self.is_sweep_bit_target or self.is_combiner)
+        object.__setattr__(self, "is_qubit_target", plain)
+        object.__setattr__(self, "qubit_value", self.value if (plain or self.pauli) else None)
 
     def __str__(self) -> str:
         if self.is_combiner:
@@ -130,6 +130,11 @@ class CircuitInstruction:
     @property
     def definition(self) -> InstructionDef:
         return INSTRUCTIONS[self.name]
+
+    @cached_property
+    def max_qubit(self) -> int:
+        """The largest qubit this instruction touches (-1 if none)."""
+        return max((t.qubit_value for t in self.targets if t.qubit_value is not None), default=-1)
 
     def num_measurements(self) -> int:
         kind = self.definition.kind
@@ -236,16 +241,11 @@ class Circuit:
     # -- queries (Stim's names)
     @property
     def num_qubits(self) -> int:
-        return 1 + max((q for q in self._qubits()), default=-1)
+        return 1 + self._max_qubit()
 
-    def _qubits(self) -> Iterator[int]:
-        for op in self.operations:
-            if isinstance(op, CircuitRepeatBlock):
-                yield from op.body._qubits()
-            else:
-                for t in op.targets:
-                    if t.qubit_value is not None:
-                        yield t.qubit_value
+    def _max_qubit(self) -> int:
+        return max((op.body._max_qubit() if isinstance(op, CircuitRepeatBlock) else op.max_qubit
+                    for op in self.operations), default=-1)
 
     def _count(self, per_instruction) -> int:
         total = 0
@@ -373,8 +373,16 @@ def _unknown(name: str, line: int) -> str:
     return f"{where}unknown instruction '{name}'"
 
 
+@cache
+def _qubit_target(q: int) -> GateTarget:
+    return GateTarget(q)
+
+
 def _parse_targets(text: str, line: int, name: str) -> list[GateTarget]:
     where = f"line {line}: {name}" if line else name
+    tokens = text.split()
+    if "".join(tokens).isdigit():  # plain qubit targets: the bulk of large circuits
+        return [_qubit_target(int(tok)) for tok in tokens]
     out: list[GateTarget] = []
     for tok in text.replace("*", " * ").split():
         if tok == "*":
@@ -546,9 +554,10 @@ def _check_pairs(ins: CircuitInstruction, where: str):
     ts = ins.targets
     if len(ts) % 2:
         raise CircuitError(f"{where}: a two-qubit instruction needs an even number of targets, got {len(ts)}")
-    for a, b in zip(ts[::2], ts[1::2]):
-        if a.qubit_value is not None and a.qubit_value == b.qubit_value:
-            raise CircuitError(f"{where}: a pair acts twice on qubit {a.qubit_value}")
+    firsts, seconds = [t.qubit_value for t in ts[::2]], [t.qubit_value for t in ts[1::2]]
+    same = [a for a, b in zip(firsts, seconds) if a is not None and a == b]
+    if same:
+        raise CircuitError(f"{where}: a pair acts twice on qubit {same[0]}")
 
 
 # two-qubit gates that accept classical controls (rec/sweep) and on which side (0: first, 1: second)
@@ -558,6 +567,11 @@ _CLASSICAL_SIDES = {"CX": (0,), "CY": (0,), "CZ": (0, 1), "XCZ": (1,), "YCZ": (1
 def _check_unitary_targets(ins: CircuitInstruction, where: str):
     g = _gates.GATES[ins.definition.gate]
     ts = ins.targets
+    plain = all(type(t) is GateTarget and t.is_qubit_target and not t.is_inverted_result_target for t in ts)
+    if plain:  # the bulk of large circuits: only the pairs need a look
+        if g.num_qubits == 2:
+            _check_pairs(ins, where)
+        return
     classical = lambda t: t.is_measurement_record_target or t.is_sweep_bit_target
     for t in ts:
         if t.pauli or t.is_combiner or t.is_inverted_result_target:

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .program import pair_codes
+
 
 class Frames(NamedTuple):
     x: jax.Array  # (Q, S/32) uint32: X part of each shot's frame
@@ -64,14 +66,6 @@ def _maybe_bernoulli(key, p, shape):
     return lax.cond(p > 0, lambda: bernoulli_bits(key, p, shape), lambda: jnp.zeros(shape, jnp.uint32))
 
 
-def _pair_codes() -> jax.Array:
-    """4-bit codes (x_a, z_a, x_b, z_b) of the 15 two-qubit Pauli events and of 'nothing' (index 15)."""
-    from .program import _PAIRS, _XBIT, _ZBIT
-
-    codes = [_XBIT[a] | _ZBIT[a] << 1 | _XBIT[b] << 2 | _ZBIT[b] << 3 for a, b in _PAIRS]
-    return jnp.asarray(codes + [0], jnp.uint32)
-
-
 def _op_gate(c: _Carry, row, key) -> _Carry:
     q0, q1 = row["q"][:, 0], row["q"][:, 1]
     bits = [c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1]]
@@ -111,7 +105,7 @@ def _op_noise(c: _Carry, row, key) -> _Carry:
     def sample():
         u = jax.random.bits(key, shape + (32,), jnp.uint32)
         event = jnp.sum(u[..., None] >= thresholds, axis=-1)  # 15 = nothing happened
-        code = _pair_codes()[event]
+        code = jnp.asarray(pair_codes())[event]
         return [pack(((code >> b) & 1).astype(bool)) for b in range(4)]
 
     def skip():
@@ -166,16 +160,6 @@ def _run_segments(structure, tables, carry: _Carry, key) -> _Carry:
             carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c, key),
                                   carry)
     return carry
-
-
-def structure_of(program) -> tuple:
-    """The static shape of a Program's segments: 'table' or (count, inner structure)."""
-    from .program import Repeat
-
-    def walk(segs):
-        return tuple((s.count, walk(s.body)) if isinstance(s, Repeat) else "table" for s in segs)
-
-    return walk(program.segments)
 
 
 @partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words"))

@@ -26,13 +26,55 @@ import numpy as np
 
 from pauliprop import gates as _gates
 
-from .circuit import Circuit, CircuitInstruction, CircuitRepeatBlock, product_groups
-from .simulator import _FEEDBACK, _PAIRS, canonical_gate, disjoint_runs
+from .circuit import (
+    INSTRUCTIONS,
+    Circuit,
+    CircuitInstruction,
+    CircuitRepeatBlock,
+    canonical_name,
+    product_groups,
+)
 
 GATE, MEASURE, NOISE, CORRELATED, FEEDBACK, MPAD = range(6)
 KINDS = ("gate", "measure", "noise", "correlated", "feedback", "mpad")
 _XBIT, _ZBIT = {"I": 0, "X": 1, "Y": 1, "Z": 0}, {"I": 0, "X": 0, "Y": 1, "Z": 1}
-_SINGLE_EVENT = {"X": _PAIRS.index(("X", "I")), "Y": _PAIRS.index(("Y", "I")), "Z": _PAIRS.index(("Z", "I"))}
+# Stim's order of the 15 two-qubit Paulis in DEPOLARIZE2 / PAULI_CHANNEL_2: IX IY IZ XI XX ... ZZ
+PAIRS = [(a, b) for a in "IXYZ" for b in "IXYZ"][1:]
+_SINGLE_EVENT = {"X": PAIRS.index(("X", "I")), "Y": PAIRS.index(("Y", "I")), "Z": PAIRS.index(("Z", "I"))}
+# classical feedback: the Pauli applied on the quantum side when the record bit is 1
+FEEDBACK_PAULI = {"CX": "X", "CY": "Y", "CZ": "Z", "XCZ": "X", "YCZ": "Y"}
+
+
+def canonical_gate(stim_name: str) -> str:
+    """The shared gate table's name of a unitary Stim gate."""
+    return INSTRUCTIONS[canonical_name(stim_name)].gate
+
+
+@cache
+def gate_action(stim_name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(image, sign, arity) of a unitary Stim gate: its Heisenberg action from the shared gate table."""
+    g = _gates.GATES[canonical_gate(stim_name)]
+    image, sign = _gates.clifford_action(g.matrix())
+    return image.astype(np.int32), sign.astype(np.int32), g.num_qubits
+
+
+def pair_codes() -> np.ndarray:
+    """4-bit codes (x_a, z_a, x_b, z_b) of the 15 two-qubit Pauli events, and 0 for 'nothing' (index 15)."""
+    return np.array([_XBIT[a] | _ZBIT[a] << 1 | _XBIT[b] << 2 | _ZBIT[b] << 3 for a, b in PAIRS] + [0], np.uint32)
+
+
+def disjoint_runs(groups) -> list[list[tuple[int, ...]]]:
+    """Split an instruction's target groups, in order, into runs that touch each qubit at most once
+    (a run is applied as one batch: disjoint gates commute)."""
+    runs: list[list[tuple[int, ...]]] = []
+    seen: set[int] = set()
+    for g in groups:
+        if not runs or seen.intersection(g):
+            runs.append([])
+            seen = set()
+        runs[-1].append(g)
+        seen.update(g)
+    return runs
 
 
 @cache
@@ -54,55 +96,81 @@ _IDENTITY = gate_tables("I")
 
 @dataclass
 class _Op:
+    """One window: k slots given as arrays (q: (k, 2) qubits; the rest (k,) or None for defaults)."""
+
     kind: int
-    slots: list  # per slot: dict of fields
+    q: np.ndarray
     gate: str = "I"
     probs: tuple = ()
     advance: int = 0
     is_else: bool = False
+    rec: np.ndarray | None = None  # MEASURE/MPAD: offset from the running count (-1: none); FEEDBACK: lookback
+    invert: np.ndarray | None = None  # MEASURE: '!' targets; MPAD: the padded value
+    reset: np.ndarray | None = None
+    px: np.ndarray | None = None  # FEEDBACK/CORRELATED: the Pauli's x and z parts
+    pz: np.ndarray | None = None
+
+
+def _runs(groups: np.ndarray) -> list[np.ndarray]:
+    """disjoint_runs on a (g, arity) array, with a fast path when no qubit repeats."""
+    if np.unique(groups).size == groups.size:
+        return [groups]
+    out, start = [], 0
+    for run in disjoint_runs([tuple(g) for g in groups.tolist()]):
+        out.append(groups[start:start + len(run)])
+        start += len(run)
+    return out
+
+
+def _qubit_values(targets) -> np.ndarray:
+    return np.fromiter((t.value for t in targets), np.int64, len(targets))
 
 
 class _Lowering:
-    def __init__(self, num_qubits: int):
-        self.spare = num_qubits
+    def __init__(self, spare: int):
+        self.spare = spare
         self.ops: list[_Op] = []
 
-    def gate(self, name: str, groups: list[tuple[int, ...]]):
-        for run in disjoint_runs(groups):
-            self.ops.append(_Op(GATE, [{"q": (g[0], g[1] if len(g) > 1 else self.spare)} for g in run], gate=name))
+    def _pad(self, qubits: np.ndarray) -> np.ndarray:
+        """(k,) or (k, 1) -> (k, 2) with the spare as the second qubit."""
+        qubits = qubits.reshape(len(qubits), -1)
+        return qubits if qubits.shape[1] == 2 else np.column_stack([qubits[:, 0], np.full(len(qubits), self.spare)])
 
-    def basis(self, paulis_qubits: list[tuple[str, int]]):
-        """Rotate X or Y factors to Z (each rotation is its own inverse)."""
+    def gate(self, name: str, groups):
+        groups = np.asarray(groups, np.int64).reshape(len(groups), -1)
+        for run in _runs(groups):
+            self.ops.append(_Op(GATE, self._pad(run), gate=name))
+
+    def basis(self, basis: np.ndarray, qubits: np.ndarray):
+        """Rotate X or Y factors to Z (each rotation is its own inverse); basis: (k,) of 'X' 'Y' 'Z'."""
         for p, gate in (("X", "H"), ("Y", "H_YZ")):
-            qs = [(q,) for b, q in paulis_qubits if b == p]
-            if qs:
-                self.gate(gate, qs)
+            qs = qubits[basis == p]
+            if qs.size:
+                self.gate(gate, qs[:, None])
 
-    def measure(self, slots: list[dict], reset: bool, record: bool, flip: float = 0.0):
-        """Z measurements on disjoint qubits (slot: q, invert); records in slot order."""
-        op_slots = []
-        for i, s in enumerate(slots):
-            op_slots.append({"q": (s["q"], self.spare), "rec": i if record else -1, "invert": s.get("invert", False),
-                             "reset": reset})
-        self.ops.append(_Op(MEASURE, op_slots, probs=(flip,), advance=len(slots) if record else 0))
+    def measure(self, qubits: np.ndarray, inverts: np.ndarray, reset: bool, record: bool, flip: float = 0.0):
+        """Z measurements on disjoint qubits; records in slot order."""
+        k = len(qubits)
+        self.ops.append(_Op(MEASURE, self._pad(qubits), probs=(flip,), advance=k if record else 0,
+                            rec=np.arange(k) if record else np.full(k, -1), invert=np.asarray(inverts, bool),
+                            reset=np.full(k, reset)))
 
     def products(self, prods: list[list[tuple[str, int]]], inverts: list[bool], flip: float):
         """Measure Pauli products on distinct qubits (per product): basis change, CX parity onto the
         first qubit, Z measurement, undo."""
-        groups = [tuple(q for _, q in p) for p in prods]
         start = 0
-        for run in disjoint_runs(groups):
+        for run in disjoint_runs([tuple(q for _, q in p) for p in prods]):
             ps, inv = prods[start:start + len(run)], inverts[start:start + len(run)]
             start += len(run)
-            factors = [f for p in ps for f in p]
-            self.basis(factors)
+            factors = np.array([f[0] for p in ps for f in p]), np.array([f[1] for p in ps for f in p])
+            self.basis(*factors)
             width = max(len(p) for p in ps)
             for j in range(1, width):
                 self.gate("CX", [(p[j][1], p[0][1]) for p in ps if len(p) > j])
-            self.measure([{"q": p[0][1], "invert": v} for p, v in zip(ps, inv)], reset=False, record=True, flip=flip)
+            self.measure(np.array([p[0][1] for p in ps]), np.array(inv), reset=False, record=True, flip=flip)
             for j in reversed(range(1, width)):
                 self.gate("CX", [(p[j][1], p[0][1]) for p in ps if len(p) > j])
-            self.basis(factors)
+            self.basis(*factors)
 
     def instruction(self, ins: CircuitInstruction):
         d, ts = ins.definition, ins.targets
@@ -110,14 +178,16 @@ class _Lowering:
         if d.kind == "unitary":
             self._unitary(ins)
         elif d.kind in ("measure", "measure_reset", "reset"):
-            pos = 0
-            for run in disjoint_runs([(t.value,) for t in ts]):
-                chunk = ts[pos:pos + len(run)]
-                pos += len(run)
-                self.basis([(d.basis, t.value) for t in chunk])
-                self.measure([{"q": t.value, "invert": t.is_inverted_result_target} for t in chunk],
-                             reset=d.kind != "measure", record=d.kind != "reset", flip=p)
-                self.basis([(d.basis, t.value) for t in chunk])
+            qubits = _qubit_values(ts)
+            inverts = np.fromiter((t.is_inverted_result_target for t in ts), bool, len(ts))
+            start = 0
+            for run in _runs(qubits[:, None]):
+                qs, inv = run[:, 0], inverts[start:start + len(run)]
+                start += len(run)
+                basis = np.full(len(qs), d.basis)
+                self.basis(basis, qs)
+                self.measure(qs, inv, reset=d.kind != "measure", record=d.kind != "reset", flip=p)
+                self.basis(basis, qs)
         elif d.kind == "pair_measure":
             pairs = list(zip(ts[::2], ts[1::2]))
             self.products([[(d.basis, a.value), (d.basis, b.value)] for a, b in pairs],
@@ -127,17 +197,23 @@ class _Lowering:
             self.products([[(t.pauli, t.value) for t in g] for g in groups],
                           [sum(t.is_inverted_result_target for t in g) % 2 == 1 for g in groups], p)
         elif d.kind == "mpad":
-            self.ops.append(_Op(MPAD, [{"q": (self.spare, self.spare), "rec": i, "value": bool(t.value)}
-                                       for i, t in enumerate(ts)], probs=(p,), advance=len(ts)))
+            k = len(ts)
+            self.ops.append(_Op(MPAD, np.full((k, 2), self.spare), probs=(p,), advance=k, rec=np.arange(k),
+                                invert=_qubit_values(ts).astype(bool)))
         elif d.kind == "noise":
             self._noise(ins)
         elif d.kind == "correlated":
-            self.ops.append(_Op(CORRELATED, [{"q": (t.value, self.spare), "pauli": t.pauli} for t in ts],
-                                probs=(p,), is_else=ins.name != "E"))
+            paulis = [t.pauli for t in ts]
+            self.ops.append(_Op(CORRELATED, self._pad(_qubit_values(ts)), probs=(p,), is_else=ins.name != "E",
+                                px=np.array([_XBIT[x] for x in paulis], bool),
+                                pz=np.array([_ZBIT[x] for x in paulis], bool)))
 
     def _unitary(self, ins: CircuitInstruction):
         arity = _gates.GATES[canonical_gate(ins.name)].num_qubits
         ts = ins.targets
+        if all(t.is_qubit_target for t in ts):  # the common case, without a Python loop per pair
+            self.gate(ins.name, _qubit_values(ts).reshape(-1, arity))
+            return
         quantum: list[tuple[int, ...]] = []
         for i in range(0, len(ts), arity):
             group = ts[i:i + arity]
@@ -149,8 +225,9 @@ class _Lowering:
                 quantum = []
             ctrl, target = (group[0], group[1]) if not group[0].is_qubit_target else (group[1], group[0])
             if ctrl.is_measurement_record_target:  # sweep bits are 0: no effect
-                self.ops.append(_Op(FEEDBACK, [{"q": (target.value, self.spare), "rec": -ctrl.value,
-                                                "pauli": _FEEDBACK[ins.name]}]))
+                pauli = FEEDBACK_PAULI[ins.name]
+                self.ops.append(_Op(FEEDBACK, self._pad(np.array([target.value])), rec=np.array([-ctrl.value]),
+                                    px=np.array([_XBIT[pauli]], bool), pz=np.array([_ZBIT[pauli]], bool)))
         if quantum:
             self.gate(ins.name, quantum)
 
@@ -166,11 +243,8 @@ class _Lowering:
                 probs[_SINGLE_EVENT[p]] = v
         else:
             probs[:] = [args[0] / 15] * 15 if name == "DEPOLARIZE2" else args
-        arity = ins.definition.arity
-        groups = [tuple(t.value for t in ts[i:i + arity]) for i in range(0, len(ts), arity)]
-        for run in disjoint_runs(groups):
-            self.ops.append(_Op(NOISE, [{"q": (g[0], g[1] if arity == 2 else self.spare)} for g in run],
-                                probs=tuple(probs)))
+        for run in _runs(_qubit_values(ts).reshape(-1, ins.definition.arity)):
+            self.ops.append(_Op(NOISE, self._pad(run), probs=tuple(probs)))
 
 
 def _table(ops: list[_Op], width: int, spare: int) -> dict[str, np.ndarray]:
@@ -193,18 +267,17 @@ def _table(ops: list[_Op], width: int, spare: int) -> dict[str, np.ndarray]:
         "advance": np.zeros(n, np.int32),
     }
     for i, op in enumerate(ops):
+        k = len(op.q)
         t["kind"][i] = op.kind
         t["fwd"][i], t["inv"][i], t["sign"][i] = gate_tables(op.gate)
         t["probs"][i, :len(op.probs)] = op.probs
         t["is_else"][i], t["advance"][i] = op.is_else, op.advance
-        for j, s in enumerate(op.slots):
-            t["q"][i, j] = s["q"]
-            t["active"][i, j] = True
-            t["rec"][i, j] = s.get("rec", -1)
-            t["invert"][i, j] = s.get("invert", False) or s.get("value", False)
-            t["reset"][i, j] = s.get("reset", False)
-            pauli = s.get("pauli", "I")
-            t["px"][i, j], t["pz"][i, j] = _XBIT[pauli], _ZBIT[pauli]
+        t["q"][i, :k] = op.q
+        t["active"][i, :k] = True
+        for name in ("rec", "invert", "reset", "px", "pz"):
+            value = getattr(op, name)
+            if value is not None:
+                t[name][i, :k] = value
     return t
 
 
@@ -229,6 +302,13 @@ class Program:
     def spare(self) -> int:
         return self.num_qubits
 
+    def structure(self) -> tuple:
+        """The static shape of the segments: 'table' or (count, inner structure); hashable, for jit."""
+        def walk(segs):
+            return tuple((s.count, walk(s.body)) if isinstance(s, Repeat) else "table" for s in segs)
+
+        return walk(self.segments)
+
     def tables(self):
         """The op tables in segment order (a pytree of numpy arrays; the structure is static)."""
         def walk(segs):
@@ -237,9 +317,12 @@ class Program:
         return walk(self.segments)
 
 
-def lower(circuit: Circuit) -> Program:
-    """Lower a circuit to a Program (see the module docstring)."""
-    n = circuit.num_qubits
+def lower(circuit: Circuit, spare: int | None = None) -> Program:
+    """Lower a circuit to a Program (see the module docstring). `spare`: the padding qubit, by default
+    num_qubits (a simulator with more qubits passes its own count)."""
+    n = circuit.num_qubits if spare is None else spare
+    if n < circuit.num_qubits:
+        raise ValueError(f"spare qubit {n} is used by the circuit ({circuit.num_qubits} qubits)")
     all_ops: list[list[_Op]] = []
 
     def segments(c: Circuit) -> tuple:
@@ -259,13 +342,39 @@ def lower(circuit: Circuit) -> Program:
         return tuple(out)
 
     raw = segments(circuit)
-    width = max((len(op.slots) for ops in all_ops for op in ops), default=1)
+    width = max((len(op.q) for ops in all_ops for op in ops), default=1)
 
     def tabulate(segs):
         return tuple(Repeat(s.count, tabulate(s.body)) if isinstance(s, Repeat) else _table(s, width, n) for s in segs)
 
     detectors, observables = _detector_indices(circuit)
     return Program(tabulate(raw), width, n, circuit.num_measurements, detectors, observables)
+
+
+def _fingerprint(circuit: Circuit) -> tuple:
+    """Identity of a circuit's contents: its (immutable) instructions and its repeat blocks' bodies."""
+    return tuple((op.repeat_count, _fingerprint(op.body)) if isinstance(op, CircuitRepeatBlock) else id(op)
+                 for op in circuit.operations)
+
+
+def lowered(circuit: Circuit, spare: int | None = None) -> Program:
+    """`lower(circuit, spare)`, cached on the circuit until its instructions change."""
+    key = (spare, _fingerprint(circuit))
+    cache = circuit.__dict__.setdefault("_lowered", {})
+    if key not in cache:
+        cache.clear()
+        cache[key] = lower(circuit, spare)
+    return cache[key]
+
+
+def device_tables(prog: Program):
+    """The program's tables as device arrays (converted once per program)."""
+    if getattr(prog, "_device_tables", None) is None:
+        import jax
+        import jax.numpy as jnp
+
+        prog._device_tables = jax.tree_util.tree_map(jnp.asarray, prog.tables())
+    return prog._device_tables
 
 
 def _detector_indices(circuit: Circuit) -> tuple[list[list[int]], list[list[int]]]:

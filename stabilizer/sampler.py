@@ -37,7 +37,7 @@ def reference_sample(circuit: Circuit) -> np.ndarray:
 
 
 def _reference(prog: _p.Program) -> np.ndarray:
-    rec = _t.reference_record(_f.structure_of(prog), prog.tables(), prog.num_qubits, prog.num_measurements)
+    rec = _t.reference_record(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)
     return np.asarray(rec, dtype=bool)
 
 
@@ -75,9 +75,9 @@ def _finish(bits: np.ndarray, bit_packed: bool) -> np.ndarray:
 class _Sampler:
     def __init__(self, circuit, seed: int | None):
         self.circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-        self.program = _p.lower(self.circuit)
-        self._structure = _f.structure_of(self.program)
-        self._tables = jax.tree_util.tree_map(jnp.asarray, self.program.tables())
+        self.program = _p.lowered(self.circuit)
+        self._structure = self.program.structure()
+        self._tables = _p.device_tables(self.program)
         self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
         self._calls = 0
 

@@ -10,15 +10,15 @@ generator seeded by `seed`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import cache
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pauliprop import gates as _gates
-
+from . import program as _p
 from . import tableau as _t
 from .circuit import (
+    INSTRUCTIONS,
     Circuit,
     CircuitInstruction,
     CircuitRepeatBlock,
@@ -26,47 +26,29 @@ from .circuit import (
     canonical_name,
     product_groups,
 )
+from .program import FEEDBACK_PAULI, PAIRS, disjoint_runs, gate_action
 
 _PAULI_FLIPS = {"X": (True, False), "Y": (True, True), "Z": (False, True)}  # (x part, z part)
-# Stim's order of the 15 two-qubit Paulis in DEPOLARIZE2 / PAULI_CHANNEL_2: IX IY IZ XI XX ... ZZ
-_PAIRS = [(a, b) for a in "IXYZ" for b in "IXYZ"][1:]
-# classical feedback: the Pauli applied on the quantum side when the record bit is 1
-_FEEDBACK = {"CX": "X", "CY": "Y", "CZ": "Z", "XCZ": "X", "YCZ": "Y"}
-
-
-@cache
-def gate_action(stim_name: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """(image, sign, arity) of a unitary Stim gate: its Heisenberg action from the shared gate table."""
-    g = _gates.GATES[canonical_gate(stim_name)]
-    image, sign = _gates.clifford_action(g.matrix())
-    return image.astype(np.int32), sign.astype(np.int32), g.num_qubits
-
-
-def canonical_gate(stim_name: str) -> str:
-    from .circuit import INSTRUCTIONS
-
-    return INSTRUCTIONS[canonical_name(stim_name)].gate
+# circuits with at least this many instructions (repeats counted) run as one compiled program
+PROGRAM_MIN_INSTRUCTIONS = 200
 
 
 def _bucket(k: int) -> int:
     return 1 << max(0, (k - 1).bit_length())
 
 
-def disjoint_runs(groups: Sequence[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
-    """Split an instruction's target groups, in order, into runs that touch each qubit at most once."""
-    runs: list[list[tuple[int, ...]]] = []
-    seen: set[int] = set()
-    for g in groups:
-        if not runs or seen.intersection(g):
-            runs.append([])
-            seen = set()
-        runs[-1].append(g)
-        seen.update(g)
-    return runs
+def _instruction_count(c: Circuit) -> int:
+    return sum(op.repeat_count * _instruction_count(op.body) if isinstance(op, CircuitRepeatBlock) else 1
+               for op in c.operations)
 
 
 class TableauSimulator:
-    """Stim-compatible stabilizer simulator: `sim.do(circuit)`, `sim.h(0)`, `sim.measure(0)`, ..."""
+    """Stim-compatible stabilizer simulator: `sim.do(circuit)`, `sim.h(0)`, `sim.measure(0)`, ...
+
+    A whole circuit of PROGRAM_MIN_INSTRUCTIONS or more runs as one compiled program (lowered once
+    and cached on the circuit): no round trip to Python per gate or measurement. Smaller circuits
+    and single calls run instruction by instruction (no compile per circuit).
+    """
 
     def __init__(self, *, seed: int | None = None, num_qubits: int = 0):
         self._rng = np.random.default_rng(seed)
@@ -216,8 +198,6 @@ class TableauSimulator:
     def __getattr__(self, name: str):
         """Gate methods by Stim name: sim.h(0, 1), sim.cx(0, 1, 2, 3), sim.sqrt_x_dag(4), ..."""
         canon = canonical_name(name) if not name.startswith("_") else None
-        from .circuit import INSTRUCTIONS
-
         if canon is None or INSTRUCTIONS[canon].kind != "unitary":
             raise AttributeError(f"TableauSimulator has no attribute '{name}'")
 
@@ -230,6 +210,9 @@ class TableauSimulator:
     def do(self, item) -> None:
         """Run a Circuit, a stim.Circuit, an instruction or a repeat block."""
         if isinstance(item, Circuit):
+            if _instruction_count(item) >= PROGRAM_MIN_INSTRUCTIONS:
+                self._do_program(item)
+                return
             for op in item.operations:
                 self.do(op)
         elif isinstance(item, CircuitRepeatBlock):
@@ -238,7 +221,7 @@ class TableauSimulator:
         elif isinstance(item, CircuitInstruction):
             from .circuit import _validate
 
-            if item.line == 0:
+            if item.line == 0:  # built in code: not checked by the parser yet
                 _validate(item, len(self._record))
             self._do_instruction(item)
         elif type(item).__module__.startswith("stim"):
@@ -247,6 +230,18 @@ class TableauSimulator:
             raise TypeError(f"cannot run a {type(item).__name__}")
 
     do_circuit = do
+
+    def _do_program(self, circuit: Circuit) -> None:
+        """Run a whole circuit as one compiled scan (stabilizer.program) on the current tableau."""
+        spare = max(self._n, circuit.num_qubits)
+        prog = _p.lowered(circuit, spare=spare)
+        structure, tables = prog.structure(), _p.device_tables(prog)
+        self.set_num_qubits(circuit.num_qubits)
+        self._tableau = _t.grow(self._tableau, spare + 1)
+        guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
+        key = jax.random.key(int(self._rng.integers(2**62)))
+        self._tableau, record = _t.run_program(structure, tables, self._tableau, guesses, key, noisy=True)
+        self._record.extend(np.asarray(record).tolist())
 
     def _do_instruction(self, ins: CircuitInstruction) -> None:
         d = ins.definition
@@ -307,7 +302,7 @@ class TableauSimulator:
                 groups = []
             ctrl, target = (a, b) if not a.is_qubit_target else (b, a)
             if ctrl.is_measurement_record_target and self._record[ctrl.value]:
-                self._paulis([(target.value, _FEEDBACK[ins.name])])
+                self._paulis([(target.value, FEEDBACK_PAULI[ins.name])])
             # sweep bits are 0 without sweep data (as Stim's samplers without sweep input)
         if groups:
             self._apply(ins.name, groups)
@@ -330,7 +325,7 @@ class TableauSimulator:
             for a, b in zip(ts[::2], ts[1::2]):
                 k = self._pick(probs)
                 if k is not None:
-                    flips += [(q, p) for q, p in zip((a.value, b.value), _PAIRS[k]) if p != "I"]
+                    flips += [(q, p) for q, p in zip((a.value, b.value), PAIRS[k]) if p != "I"]
         self._paulis(flips)
 
     def _pick(self, probs: Sequence[float]) -> int | None:

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .program import pair_codes
+
 WORD = 32
 
 
@@ -197,61 +199,89 @@ def peek_z(t: Tableau, q):
     return jnp.where(random, 0, jnp.where(t.signs[n + q], -1, 1))
 
 
-# ---- a lowered program (stabilizer.program) on the tableau: the noiseless reference shot ---------
+# ---- a lowered program (stabilizer.program) on the tableau ----------------------------------------
 
 class _Carry(NamedTuple):
     t: Tableau
     record: jax.Array  # (M + 1,) bool, last entry scratch
-    base: jax.Array  # int32
+    base: jax.Array  # int32: measurements so far
+    guesses: jax.Array  # (M + 1,) bool: the outcome each random measurement takes
+    counter: jax.Array  # uint32: ops so far (op i draws from fold_in(key, i))
+    chain: jax.Array  # bool: the current E / ELSE chain has fired
 
 
-def _op_gate(c: _Carry, row) -> _Carry:
+def _op_gate(c: _Carry, row, key, noisy) -> _Carry:
     k = row["q"].shape[0]
     image = jnp.broadcast_to(row["inv"], (k, 16))
     sign = jnp.broadcast_to(row["sign"], (k, 16))
     return c._replace(t=prepend(c.t, row["q"], image, sign, arity=2))
 
 
-def _op_measure(c: _Carry, row) -> _Carry:
+def _op_measure(c: _Carry, row, key, noisy) -> _Carry:
     n = c.t.capacity
     scratch = c.record.shape[0] - 1
+    k = row["q"].shape[0]
+    flips = jax.random.uniform(key, (k,)) < row["probs"][0] if noisy else jnp.zeros(k, bool)
 
     def slot(j, c):
         def on(c):
             q = row["q"][j, 0]
-            t, result, _ = _measure_z_inner(c.t, q, jnp.zeros((), bool))
             rec = jnp.where(row["rec"][j] >= 0, c.base + row["rec"][j], scratch)
-            record = c.record.at[rec].set(result ^ row["invert"][j])
+            t, result, _ = _measure_z_inner(c.t, q, c.guesses[rec])
+            record = c.record.at[rec].set(result ^ row["invert"][j] ^ flips[j])
             signs = t.signs.at[n + q].set(jnp.where(row["reset"][j], False, t.signs[n + q]))
             return c._replace(t=t._replace(signs=signs), record=record)
 
         return lax.cond(row["active"][j], on, lambda c: c, c)
 
-    c = lax.fori_loop(0, row["q"].shape[0], slot, c)
+    c = lax.fori_loop(0, k, slot, c)
     return c._replace(base=c.base + row["advance"])
 
 
-def _op_nothing(c: _Carry, row) -> _Carry:  # noise: the reference shot is noiseless
-    return c
-
-
-def _op_feedback(c: _Carry, row) -> _Carry:
+def _pauli_signs(c: _Carry, q, x_part, z_part) -> _Carry:
+    """Prepend Paulis: an X part negates T(Z_q), a Z part negates T(X_q) (q may repeat as padding)."""
     n = c.t.capacity
-    scratch = c.record.shape[0] - 1
-    bit = c.record[jnp.where(row["active"], c.base - row["rec"], scratch)] & row["active"]
-    q = row["q"][:, 0]
-    signs = c.t.signs.at[n + q].set(c.t.signs[n + q] ^ (bit & row["px"]))  # X part negates T(Z_q)
-    signs = signs.at[q].set(signs[q] ^ (bit & row["pz"]))  # Z part negates T(X_q)
+    signs = c.t.signs.at[n + q].set(c.t.signs[n + q] ^ x_part)
+    signs = signs.at[q].set(signs[q] ^ z_part)
     return c._replace(t=c.t._replace(signs=signs))
 
 
-def _op_mpad(c: _Carry, row) -> _Carry:
+def _op_noise(c: _Carry, row, key, noisy) -> _Carry:
+    if not noisy:
+        return c
+    u = jax.random.uniform(key, row["active"].shape)
+    event = jnp.sum(u[:, None] >= jnp.cumsum(row["probs"]), axis=-1)
+    code = jnp.where(row["active"], jnp.asarray(pair_codes())[event], 0)
+    bit = lambda b: ((code >> b) & 1).astype(bool)
+    c = _pauli_signs(c, row["q"][:, 0], bit(0), bit(1))
+    return _pauli_signs(c, row["q"][:, 1], bit(2), bit(3))
+
+
+def _op_correlated(c: _Carry, row, key, noisy) -> _Carry:
+    if not noisy:
+        return c
+    fire = jax.random.uniform(key) < row["probs"][0]
+    fire = jnp.where(row["is_else"], fire & ~c.chain, fire)
+    chain = jnp.where(row["is_else"], c.chain | fire, fire)
+    on = row["active"] & fire
+    return _pauli_signs(c, row["q"][:, 0], on & row["px"], on & row["pz"])._replace(chain=chain)
+
+
+def _op_feedback(c: _Carry, row, key, noisy) -> _Carry:
     scratch = c.record.shape[0] - 1
-    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(row["invert"])
+    bit = c.record[jnp.where(row["active"], c.base - row["rec"], scratch)] & row["active"]
+    return _pauli_signs(c, row["q"][:, 0], bit & row["px"], bit & row["pz"])
+
+
+def _op_mpad(c: _Carry, row, key, noisy) -> _Carry:
+    scratch = c.record.shape[0] - 1
+    k = row["rec"].shape[0]
+    flips = jax.random.uniform(key, (k,)) < row["probs"][0] if noisy else jnp.zeros(k, bool)
+    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(row["invert"] ^ flips)
     return c._replace(record=record, base=c.base + row["advance"])
 
 
-_OPS = (_op_gate, _op_measure, _op_nothing, _op_nothing, _op_feedback, _op_mpad)
+_OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
 
 
 def _measure_z_inner(t: Tableau, q, random_result):
@@ -261,18 +291,38 @@ def _measure_z_inner(t: Tableau, q, random_result):
     return t, t.signs[n + q], was_random
 
 
-def _run_segments(structure, tables, c: _Carry) -> _Carry:
+def _run_segments(structure, tables, c: _Carry, key, noisy: bool) -> _Carry:
+    def step(c, row):
+        ops = [partial(op, key=jax.random.fold_in(key, c.counter), noisy=noisy) for op in _OPS]
+        c = lax.switch(row["kind"], [lambda c, row, op=op: op(c, row) for op in ops], c, row)
+        return c._replace(counter=c.counter + 1), None
+
     for shape, table in zip(structure, tables):
         if shape == "table":
-            c, _ = lax.scan(lambda c, row: (lax.switch(row["kind"], _OPS, c, row), None), c, table)
+            c, _ = lax.scan(step, c, table)
         else:
             count, inner = shape
-            c = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c), c)
+            c = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c, key, noisy),
+                              c)
     return c
 
 
-@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements"))
+@partial(jax.jit, static_argnames=("structure", "noisy"), donate_argnums=(2,))
+def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool):
+    """Run a lowered program on tableau `t`: (final tableau, measurement record).
+
+    guesses (M,) bool: the outcome each measurement takes if it is random; noisy: sample the noise
+    channels and measurement flips (else the run is noiseless, as a reference shot).
+    """
+    m = guesses.shape[0]
+    c = _Carry(t, jnp.zeros(m + 1, bool), jnp.zeros((), jnp.int32), jnp.concatenate([guesses, jnp.zeros(1, bool)]),
+               jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
+    c = _run_segments(structure, tables, c, key, noisy)
+    return c.t, c.record[:m]
+
+
 def reference_record(structure, tables, num_qubits: int, num_measurements: int):
     """The noiseless record of a lowered program, random outcomes taken as 0 (Stim's reference sample)."""
-    c = _Carry(identity(num_qubits + 1), jnp.zeros(num_measurements + 1, bool), jnp.zeros((), jnp.int32))
-    return _run_segments(structure, tables, c).record[:num_measurements]
+    _, record = run_program(structure, tables, identity(num_qubits + 1), jnp.zeros(num_measurements, bool),
+                            jax.random.key(0), noisy=False)
+    return record

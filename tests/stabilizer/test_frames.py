@@ -27,9 +27,11 @@ def _carry(rng, qubits: int, words: int = 2, measurements: int = 4) -> F._Carry:
                     jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
 
 
-def _row(op_kind, slots, spare, **fields):
-    row = {k: jnp.asarray(v[0]) for k, v in P._table([P._Op(op_kind, slots, **fields)], len(slots), spare).items()}
-    return row
+def _row(op_kind, qubits, spare, **fields):
+    """One op-table row: qubits a list of (q0, q1) slots; fields as in stabilizer.program._Op."""
+    fields = {k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()}
+    op = P._Op(op_kind, np.asarray(qubits), **fields)
+    return {k: jnp.asarray(v[0]) for k, v in P._table([op], len(qubits), spare).items()}
 
 
 @pytest.mark.parametrize("name", STIM_GATES)
@@ -39,7 +41,7 @@ def test_gate_conjugates_every_shot_as_stim(name):
     rng = np.random.default_rng(0)
     c = _carry(rng, 4)  # qubits 0..2 and the spare 3
     qubits = [2, 0][:arity]
-    row = _row(P.GATE, [{"q": (qubits[0], qubits[1] if arity == 2 else 3)}], 3, gate=name)
+    row = _row(P.GATE, [(qubits[0], qubits[1] if arity == 2 else 3)], 3, gate=name)
     out = F._op_gate(c, row, jax.random.key(0))
     before = [_bits(a) for a in c.f]
     after = [_bits(a) for a in out.f]
@@ -54,7 +56,7 @@ def test_gate_conjugates_every_shot_as_stim(name):
 def test_measurement_records_the_x_part_and_leaves_a_z_stabilizer(reset):
     rng = np.random.default_rng(1)
     c = _carry(rng, 3)
-    row = _row(P.MEASURE, [{"q": (1, 2), "rec": 0, "reset": reset}], 2, advance=1)
+    row = _row(P.MEASURE, [(1, 2)], 2, rec=[0], reset=[reset], advance=1)
     out = F._op_measure(c, row, jax.random.key(5))
     np.testing.assert_array_equal(np.asarray(out.record[0]), np.asarray(c.f.x[1]))
     assert int(out.base) == 1
@@ -67,7 +69,7 @@ def test_feedback_xors_the_recorded_flip():
     rng = np.random.default_rng(2)
     c = _carry(rng, 3)
     c = c._replace(record=c.record.at[0].set(jnp.asarray([0xF0F0F0F0, 0x1], jnp.uint32)), base=jnp.int32(1))
-    row = _row(P.FEEDBACK, [{"q": (0, 2), "rec": 1, "pauli": "Y"}], 2)
+    row = _row(P.FEEDBACK, [(0, 2)], 2, rec=[1], px=[True], pz=[True])
     out = F._op_feedback(c, row, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.f.x[0]) ^ np.asarray(c.f.x[0]), [0xF0F0F0F0, 0x1])
     np.testing.assert_array_equal(np.asarray(out.f.z[0]) ^ np.asarray(c.f.z[0]), [0xF0F0F0F0, 0x1])
@@ -79,10 +81,10 @@ def test_noise_events_have_their_probabilities():
     probs /= probs.sum() / 0.6
     c = _carry(np.random.default_rng(3), 3, words=512)
     c = c._replace(f=F.zeros(3, 512))
-    out = F._op_noise(c, _row(P.NOISE, [{"q": (0, 1)}], 2, probs=tuple(probs)), jax.random.key(7))
+    out = F._op_noise(c, _row(P.NOISE, [(0, 1)], 2, probs=tuple(probs)), jax.random.key(7))
     xa, za, xb, zb = (_bits(a) for a in (out.f.x[0], out.f.z[0], out.f.x[1], out.f.z[1]))
     codes = xa | za << 1 | xb << 2 | zb << 3
-    for k, (a, b) in enumerate(P._PAIRS):
+    for k, (a, b) in enumerate(P.PAIRS):
         code = P._XBIT[a] | P._ZBIT[a] << 1 | P._XBIT[b] << 2 | P._ZBIT[b] << 3
         rate = np.mean(codes == code)
         assert abs(rate - probs[k]) < 5 * np.sqrt(probs[k] / codes.size), (a + b, rate, probs[k])
@@ -90,7 +92,7 @@ def test_noise_events_have_their_probabilities():
 
 def test_run_program_flips_only_where_noise_is():
     prog = P.lower(Circuit("H 0\nCX 0 1\nX_ERROR(1) 1\nM 0 1\nREPEAT 3 {\n  MR 1\n}"))
-    flips = F.run_program(F.structure_of(prog), prog.tables(), jax.random.key(0), prog.num_qubits,
+    flips = F.run_program(prog.structure(), prog.tables(), jax.random.key(0), prog.num_qubits,
                           prog.num_measurements, 4)
     bits = _bits(flips)
     assert bits.shape == (5, 128)

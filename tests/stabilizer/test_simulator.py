@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stabilizer.circuit import Circuit
-from stabilizer.simulator import TableauSimulator, disjoint_runs
+from stabilizer.program import disjoint_runs
+from stabilizer.simulator import TableauSimulator
 
 from .test_tableau import STIM_GATES, gate_action
 
@@ -23,11 +24,23 @@ class _Forced:
     def __init__(self, guesses):
         self.guesses = list(guesses)
 
-    def integers(self, k):
-        return self.guesses.pop(0)
+    def integers(self, k, size=None):
+        if size is not None:  # the compiled path draws all its guesses at once
+            out, self.guesses = np.array(self.guesses[:size]), self.guesses[size:]
+            return out
+        return self.guesses.pop(0) if k == 2 else 0
 
     def random(self):
         return 1.0
+
+
+@pytest.fixture(params=["direct", "program"])
+def path(request, monkeypatch):
+    """Run circuits instruction by instruction, or as one compiled program."""
+    import stabilizer.simulator as S
+
+    monkeypatch.setattr(S, "PROGRAM_MIN_INSTRUCTIONS", 10**9 if request.param == "direct" else 0)
+    return request.param
 
 
 def _random_circuit(rng, n: int, length: int) -> str:
@@ -63,14 +76,15 @@ def _random_circuit(rng, n: int, length: int) -> str:
     return "\n".join(lines)
 
 
-def _raw_outcomes(circuit: Circuit, record: list[bool]) -> list[int]:
+def _raw_outcomes(circuit: Circuit, record: list[bool], resets: bool = True) -> list[int]:
     """The guess queue that makes our random outcomes Stim's: the raw result of each measurement
-    (record bit with its '!' undone) and 0 for resets, in the order the simulator draws them."""
+    (record bit with its '!' undone) and 0 for resets (which the compiled path does not draw), in
+    the order the simulator draws them."""
     out, i = [], 0
     for ins in circuit.flattened():
         kind = ins.definition.kind
         if kind == "reset":
-            out += [0] * len(ins.targets)
+            out += [0] * len(ins.targets) * resets
         elif kind in ("measure", "measure_reset"):
             for t in ins.targets:
                 out.append(int(record[i] ^ t.is_inverted_result_target))
@@ -89,7 +103,7 @@ def _raw_outcomes(circuit: Circuit, record: list[bool]) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_random_circuits_with_measurement_reset_and_feedback_follow_stim(seed):
+def test_random_circuits_with_measurement_reset_and_feedback_follow_stim(seed, path):
     rng = np.random.default_rng(seed)
     n = 6 if seed % 3 else 40  # a register across the 32-bit word boundary too
     text = _random_circuit(rng, n, 60)
@@ -99,7 +113,7 @@ def test_random_circuits_with_measurement_reset_and_feedback_follow_stim(seed):
     ref.do(stim.Circuit(text))
     theirs = ref.current_measurement_record()
     sim = TableauSimulator(num_qubits=n)
-    sim._rng = _Forced(_raw_outcomes(circuit, theirs))
+    sim._rng = _Forced(_raw_outcomes(circuit, theirs, resets=path == "direct"))
     sim.do(circuit)
     assert sim.current_measurement_record() == theirs
     check = stim.TableauSimulator()
@@ -133,7 +147,7 @@ def test_gate_methods_by_stim_name_and_stim_circuits():
 
 
 @pytest.mark.parametrize("k", range(15))
-def test_pauli_channel_2_applies_stims_pair(k):
+def test_pauli_channel_2_applies_stims_pair(k, path):
     """Certain noise (one probability 1) applies the Pauli pair Stim applies, in Stim's order."""
     probs = [0.0] * 15
     probs[k] = 1.0
@@ -162,7 +176,7 @@ def test_pauli_channel_2_applies_stims_pair(k):
     ("I_ERROR(0.5) 0\nII_ERROR 0 1\nM 0", [False]),
     ("X 1\nM 1\nCX rec[-1] 0 sweep[0] 2\nM 0 2", [True, True, False]),
 ])
-def test_noise_and_classical_control(text, record):
+def test_noise_and_classical_control(text, record, path):
     sim = TableauSimulator(seed=1)
     sim.do(Circuit(text))
     assert sim.current_measurement_record() == record
@@ -183,3 +197,14 @@ def test_depolarize_rates():
 def test_disjoint_runs_keep_order():
     assert disjoint_runs([(0, 1), (2, 3), (1, 4), (5, 6), (0, 2)]) == [[(0, 1), (2, 3)], [(1, 4), (5, 6), (0, 2)]]
     assert disjoint_runs([(0,), (0,), (1,)]) == [[(0,)], [(0,), (1,)]]
+
+
+def test_compiled_path_continues_the_state_and_the_record(path):
+    """A circuit run after earlier calls starts from their state, on a simulator with more qubits."""
+    sim = TableauSimulator(seed=3, num_qubits=40)
+    sim.x(39)
+    sim.h(5)
+    first = sim.measure(5)
+    sim.do(Circuit("CX 39 2\nM 2 39\nX 7\nM 7"))
+    assert sim.current_measurement_record() == [first, True, True, True]
+    assert sim.num_qubits == 40 and sim.peek_z(0) == 1
