@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .program import pair_codes
+from .program import pair_codes, run_segments
 
 
 class Frames(NamedTuple):
@@ -146,22 +146,6 @@ def _op_mpad(c: _Carry, row, key) -> _Carry:
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
 
 
-def _run_segments(structure, tables, carry: _Carry, key) -> _Carry:
-    for shape, table in zip(structure, tables):
-        if shape == "table":
-            def step(c, row):
-                k = jax.random.fold_in(key, c.counter)
-                c = lax.switch(row["kind"], _OPS, c, row, k)
-                return c._replace(counter=c.counter + 1), None
-
-            carry, _ = lax.scan(step, carry, table)
-        else:
-            count, inner = shape
-            carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c, key),
-                                  carry)
-    return carry
-
-
 @partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words"))
 def run_program(structure, tables, key, num_qubits: int, num_measurements: int, words: int):
     """Frames of `32 * words` shots through a lowered program. Returns the record flips (M, words)."""
@@ -169,5 +153,5 @@ def run_program(structure, tables, key, num_qubits: int, num_measurements: int, 
                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
     # every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)
     carry = carry._replace(f=Frames(carry.f.x, random_bits(jax.random.fold_in(key, 2**32 - 1), carry.f.z.shape)))
-    carry = _run_segments(structure, tables, carry, key)
+    carry = run_segments(structure, tables, carry, _OPS, key)
     return carry.record[:num_measurements]

@@ -303,9 +303,11 @@ class Program:
         return self.num_qubits
 
     def structure(self) -> tuple:
-        """The static shape of the segments: 'table' or (count, inner structure); hashable, for jit."""
+        """The static shape of the segments, hashable for jit: ("table", kinds present) or
+        ("repeat", count, inner structure)."""
         def walk(segs):
-            return tuple((s.count, walk(s.body)) if isinstance(s, Repeat) else "table" for s in segs)
+            return tuple(("repeat", s.count, walk(s.body)) if isinstance(s, Repeat)
+                         else ("table", tuple(sorted(set(s["kind"].tolist())))) for s in segs)
 
         return walk(self.segments)
 
@@ -375,6 +377,36 @@ def device_tables(prog: Program):
 
         prog._device_tables = jax.tree_util.tree_map(jnp.asarray, prog.tables())
     return prog._device_tables
+
+
+def run_segments(structure, tables, carry, ops, key):
+    """Run a program's segments on `carry` (which has a `counter` field): each table is one
+    `lax.scan` whose step calls ops[kind](carry, row, fold_in(key, counter)), switching only over the
+    kinds the table holds (a pure-Clifford table has no switch); each repeat is a `lax.fori_loop`."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    for shape, table in zip(structure, tables):
+        if shape[0] == "repeat":
+            _, count, inner = shape
+            carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: run_segments(inner, table, c, ops, key),
+                                  carry)
+            continue
+        kinds = shape[1]
+        branch = np.zeros(len(KINDS), np.int32)
+        branch[list(kinds)] = np.arange(len(kinds))
+
+        def step(c, row, kinds=kinds, branch=branch):
+            k = jax.random.fold_in(key, c.counter)
+            if len(kinds) == 1:
+                c = ops[kinds[0]](c, row, k)
+            else:
+                c = lax.switch(jnp.asarray(branch)[row["kind"]], [ops[i] for i in kinds], c, row, k)
+            return c._replace(counter=c.counter + 1), None
+
+        carry, _ = lax.scan(step, carry, table)
+    return carry
 
 
 def _detector_indices(circuit: Circuit) -> tuple[list[list[int]], list[list[int]]]:

@@ -53,7 +53,7 @@ class TableauSimulator:
     def __init__(self, *, seed: int | None = None, num_qubits: int = 0):
         self._rng = np.random.default_rng(seed)
         self._n = 0
-        self._tableau = _t.identity(max(num_qubits, 1))
+        self._tableau = _t.identity(num_qubits + 1)
         self._record: list[bool] = []
         self.set_num_qubits(num_qubits)
 
@@ -64,7 +64,7 @@ class TableauSimulator:
 
     def set_num_qubits(self, n: int) -> None:
         if n > self._n:
-            self._tableau = _t.grow(self._tableau, n)
+            self._tableau = _t.grow(self._tableau, n + 1)  # + 1: the compiled path's spare qubit
             self._n = n
 
     def _ensure(self, qubits: Iterable[int]) -> None:
@@ -233,11 +233,9 @@ class TableauSimulator:
 
     def _do_program(self, circuit: Circuit) -> None:
         """Run a whole circuit as one compiled scan (stabilizer.program) on the current tableau."""
-        spare = max(self._n, circuit.num_qubits)
-        prog = _p.lowered(circuit, spare=spare)
-        structure, tables = prog.structure(), _p.device_tables(prog)
         self.set_num_qubits(circuit.num_qubits)
-        self._tableau = _t.grow(self._tableau, spare + 1)
+        prog = _p.lowered(circuit, spare=self._n)  # set_num_qubits keeps room for this spare qubit
+        structure, tables = prog.structure(), _p.device_tables(prog)
         guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
         key = jax.random.key(int(self._rng.integers(2**62)))
         self._tableau, record = _t.run_program(structure, tables, self._tableau, guesses, key, noisy=True)

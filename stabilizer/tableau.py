@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .program import pair_codes
+from .program import pair_codes, run_segments
 
 WORD = 32
 
@@ -53,16 +53,16 @@ def identity(num_qubits: int) -> Tableau:
 
 
 def grow(t: Tableau, num_qubits: int) -> Tableau:
-    """The same state on more qubits (the new ones in |0>)."""
+    """The same state with capacity for at least `num_qubits` (the new qubits in |0>), on the device.
+    Capacity at least doubles, so growing one qubit at a time costs amortised O(1) copies."""
     if num_qubits <= t.capacity:
         return t
     big = identity(max(num_qubits, 2 * t.capacity))
     n, n2, w = t.capacity, big.capacity, t.xs.shape[1]
-    xs, zs = np.array(big.xs), np.array(big.zs)
-    signs = np.array(big.signs)
-    for src, dst in ((slice(0, n), slice(0, n)), (slice(n, 2 * n), slice(n2, n2 + n))):
-        xs[dst, :w], zs[dst, :w], signs[dst] = np.asarray(t.xs[src]), np.asarray(t.zs[src]), np.asarray(t.signs[src])
-    return Tableau(jnp.asarray(xs), jnp.asarray(zs), jnp.asarray(signs))
+    xs = big.xs.at[:n, :w].set(t.xs[:n]).at[n2:n2 + n, :w].set(t.xs[n:])
+    zs = big.zs.at[:n, :w].set(t.zs[:n]).at[n2:n2 + n, :w].set(t.zs[n:])
+    signs = big.signs.at[:n].set(t.signs[:n]).at[n2:n2 + n].set(t.signs[n:])
+    return Tableau(xs, zs, signs)
 
 
 # ---- Pauli rows ------------------------------------------------------------------------------------
@@ -291,22 +291,6 @@ def _measure_z_inner(t: Tableau, q, random_result):
     return t, t.signs[n + q], was_random
 
 
-def _run_segments(structure, tables, c: _Carry, key, noisy: bool) -> _Carry:
-    def step(c, row):
-        ops = [partial(op, key=jax.random.fold_in(key, c.counter), noisy=noisy) for op in _OPS]
-        c = lax.switch(row["kind"], [lambda c, row, op=op: op(c, row) for op in ops], c, row)
-        return c._replace(counter=c.counter + 1), None
-
-    for shape, table in zip(structure, tables):
-        if shape == "table":
-            c, _ = lax.scan(step, c, table)
-        else:
-            count, inner = shape
-            c = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: _run_segments(inner, table, c, key, noisy),
-                              c)
-    return c
-
-
 @partial(jax.jit, static_argnames=("structure", "noisy"), donate_argnums=(2,))
 def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool):
     """Run a lowered program on tableau `t`: (final tableau, measurement record).
@@ -317,7 +301,8 @@ def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool):
     m = guesses.shape[0]
     c = _Carry(t, jnp.zeros(m + 1, bool), jnp.zeros((), jnp.int32), jnp.concatenate([guesses, jnp.zeros(1, bool)]),
                jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
-    c = _run_segments(structure, tables, c, key, noisy)
+    ops = [partial(op, noisy=noisy) for op in _OPS]
+    c = run_segments(structure, tables, c, ops, key)
     return c.t, c.record[:m]
 
 
