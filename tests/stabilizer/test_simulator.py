@@ -208,3 +208,6 @@ def test_compiled_path_continues_the_state_and_the_record(path):
     sim.do(Circuit("CX 39 2\nM 2 39\nX 7\nM 7"))
     assert sim.current_measurement_record() == [first, True, True, True]
     assert sim.num_qubits == 40 and sim.peek_z(0) == 1
+    sim.do(Circuit("H 0 1\nCX 0 1 2 3\nS 0\nCZ 2 3"))  # padded windows touch only the spare qubit 40...
+    sim.set_num_qubits(41)
+    assert sim.peek_z(40) == 1 and sim.peek_x(40) == 0  # ...which is still |0> when it becomes a real qubit
