@@ -543,9 +543,6 @@ def _check_probabilities(ins: CircuitInstruction, where: str):
     for p in ps:
         if not 0.0 <= p <= 1.0:
             raise CircuitError(f"{where}: probability {_fmt(p)} is not in [0, 1]")
-    limit = {"DEPOLARIZE1": 0.75, "DEPOLARIZE2": 15 / 16}.get(ins.name)
-    if limit is not None and ps[0] > limit:
-        raise CircuitError(f"{where}: probability {_fmt(ps[0])} exceeds the maximally mixing {_fmt(limit)}")
     if ins.name in ("PAULI_CHANNEL_1", "PAULI_CHANNEL_2") and sum(ps) > 1 + 1e-12:
         raise CircuitError(f"{where}: probabilities sum to {sum(ps):.6g} > 1")
 

@@ -337,10 +337,8 @@ class TableauSimulator:
         return None
 
     def _correlated(self, ins: CircuitInstruction) -> None:
-        if ins.name == "E":
-            self._chain_fired = False
-        elif getattr(self, "_chain_fired", None) is None:
-            raise ValueError(f"line {ins.line}: ELSE_CORRELATED_ERROR must follow E or another ELSE_CORRELATED_ERROR")
+        if ins.name == "E" or getattr(self, "_chain_fired", None) is None:
+            self._chain_fired = False  # an ELSE with no E before it: nothing has fired (as Stim)
         if self._chain_fired:
             return
         if self._rng.random() < ins.gate_args[0]:

@@ -106,7 +106,7 @@ def test_append_like_stim():
     ("X_ERROR(abc) 0", "line 1: X_ERROR: argument 'abc' is not a number"),
     ("X_ERROR 0", "line 1: X_ERROR: takes 1 parenthesised argument"),
     ("H(0.1) 0", "line 1: H: takes 0 parenthesised argument"),
-    ("DEPOLARIZE1(0.9) 0", "line 1: DEPOLARIZE1: probability 0.9 exceeds"),
+    ("DEPOLARIZE2(1.5) 0 1", "line 1: DEPOLARIZE2: probability 1.5 is not in"),
     ("PAULI_CHANNEL_1(0.5, 0.5, 0.5) 0", "line 1: PAULI_CHANNEL_1: probabilities sum to 1.5"),
     ("REPEAT 0 {\n H 0\n}", "line 1: REPEAT: count must be >= 1, got 0"),
     ("REPEAT 2 {\n H 0\n", "line 1: REPEAT block is never closed"),

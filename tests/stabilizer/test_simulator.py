@@ -169,6 +169,7 @@ def test_pauli_channel_2_applies_stims_pair(k, path):
     ("PAULI_CHANNEL_1(0, 0, 1) 0\nH 1\nPAULI_CHANNEL_1(0, 0, 1) 1\nMX 1\nM 0", [True, False]),
     ("E(1) X0\nELSE_CORRELATED_ERROR(1) X1\nE(0) X2\nELSE_CORRELATED_ERROR(1) X3 Y4\nM 0 1 2 3 4",
      [True, False, False, True, True]),
+    ("H 0\nELSE_CORRELATED_ERROR(1) X1\nH 0\nM 0 1", [False, True]),  # an ELSE with no E: as Stim
     ("M(1) 0 !1", [True, False]),
     ("MPAD 1 0", [True, False]),
     ("X 0\nMR 0 0", [True, False]),
