@@ -35,8 +35,7 @@ from .circuit import (
     product_groups,
 )
 
-GATE, MEASURE, NOISE, CORRELATED, FEEDBACK, MPAD = range(6)
-KINDS = ("gate", "measure", "noise", "correlated", "feedback", "mpad")
+GATE, MEASURE, NOISE, CORRELATED, FEEDBACK, MPAD = range(6)  # op kinds; the runners' op tuples follow this order
 _XBIT, _ZBIT = {"I": 0, "X": 1, "Y": 1, "Z": 0}, {"I": 0, "X": 0, "Y": 1, "Z": 1}
 # Stim's order of the 15 two-qubit Paulis in DEPOLARIZE2 / PAULI_CHANNEL_2: IX IY IZ XI XX ... ZZ
 PAIRS = [(a, b) for a in "IXYZ" for b in "IXYZ"][1:]

@@ -146,6 +146,18 @@ def test_gate_methods_by_stim_name_and_stim_circuits():
         sim.not_a_gate(0)
 
 
+def test_stim_api_methods():
+    sim = TableauSimulator(seed=4)
+    sim.reset_x(0)
+    sim.reset_y(1)
+    sim.x(2)
+    assert (sim.peek_x(0), sim.peek_y(1), sim.peek_z(2)) == (1, 1, -1)
+    assert sim.measure_many(2, 3) == [True, False]
+    c = Circuit()
+    c.append_from_stim_program_text("REPEAT 2 {\n  CX 0 1\n}\nM(0.5) 0")
+    assert c[0].body_copy() == c[0].body and c[1].targets_copy()[0].value == 0 and c[1].gate_args_copy() == [0.5]
+
+
 @pytest.mark.parametrize("k", range(15))
 def test_pauli_channel_2_applies_stims_pair(k, path):
     """Certain noise (one probability 1) applies the Pauli pair Stim applies, in Stim's order."""
