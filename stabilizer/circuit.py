@@ -39,13 +39,10 @@ def _table() -> dict[str, InstructionDef]:
         for s in g.stim_names:
             defs[s] = InstructionDef(s, "unitary", g.num_qubits, (0, 0), gate=g.name)
     for b in "XYZ":
-        zsuffix = "" if b == "Z" else b
-        for name in {f"M{zsuffix}", f"M{b}"}:
-            defs[name] = InstructionDef(name, "measure", 1, (0, 1), basis=b)
-        for name in {f"R{zsuffix}", f"R{b}"}:
-            defs[name] = InstructionDef(name, "reset", 1, (0, 0), basis=b)
-        for name in {f"MR{zsuffix}", f"MR{b}"}:
-            defs[name] = InstructionDef(name, "measure_reset", 1, (0, 1), basis=b)
+        suffix = "" if b == "Z" else b  # M, R, MR measure in Z (MZ, RZ, MRZ are ALIASES)
+        defs[f"M{suffix}"] = InstructionDef(f"M{suffix}", "measure", 1, (0, 1), basis=b)
+        defs[f"R{suffix}"] = InstructionDef(f"R{suffix}", "reset", 1, (0, 0), basis=b)
+        defs[f"MR{suffix}"] = InstructionDef(f"MR{suffix}", "measure_reset", 1, (0, 1), basis=b)
         defs[f"M{b}{b}"] = InstructionDef(f"M{b}{b}", "pair_measure", 2, (0, 1), basis=b)
         defs[f"{b}_ERROR"] = InstructionDef(f"{b}_ERROR", "noise", 1, (1, 1))
     defs["MPP"] = InstructionDef("MPP", "mpp", 0, (0, 1))
@@ -428,13 +425,14 @@ class _Parser:
         self.lines = text.splitlines()
 
     def parse_into(self, circuit: Circuit):
-        end = self._block(circuit, 0, depth=0)
+        end, _ = self._block(circuit, 0, depth=0, measured=circuit.num_measurements)
         if end != len(self.lines):
             raise CircuitError(f"line {end + 1}: '}}' without a matching REPEAT block")
 
-    def _block(self, circuit: Circuit, i: int, depth: int) -> int:
-        """Parse lines from i into circuit until a closing brace (depth > 0) or the end; return the
-        index of the closing brace line, or len(lines)."""
+    def _block(self, circuit: Circuit, i: int, depth: int, measured: int) -> tuple[int, int]:
+        """Parse lines from i into circuit until a closing brace (depth > 0) or the end. `measured`
+        counts the measurements before line i (what a rec lookback may reach). Returns the index of
+        the closing brace line (or len(lines)) and the count after the block's first pass."""
         while i < len(self.lines):
             raw = self.lines[i].split("#", 1)[0].strip()
             lineno = i + 1
@@ -444,7 +442,7 @@ class _Parser:
             if raw == "}":
                 if depth == 0:
                     raise CircuitError(f"line {lineno}: '}}' without a matching REPEAT block")
-                return i - 1
+                return i - 1, measured
             if raw.upper().startswith("REPEAT") and (len(raw) == 6 or not (raw[6].isalnum() or raw[6] == "_")):
                 m = re.match(r"^REPEAT\s*(\[[^\]]*\])?\s+(\S+)\s*\{$", raw, re.IGNORECASE)
                 if not m:
@@ -456,13 +454,13 @@ class _Parser:
                 if count < 1:
                     raise CircuitError(f"line {lineno}: REPEAT: count must be >= 1, got {count}")
                 body = Circuit()
-                body._measurements_before = circuit.num_measurements + getattr(circuit, "_measurements_before", 0)
-                close = self._block(body, i, depth + 1)
+                close, after = self._block(body, i, depth + 1, measured)
                 if close >= len(self.lines):
                     raise CircuitError(f"line {lineno}: REPEAT block is never closed with '}}'")
                 if not body.operations:
                     raise CircuitError(f"line {lineno}: REPEAT block is empty")
                 circuit.operations.append(CircuitRepeatBlock(count, body, lineno))
+                measured += count * (after - measured)
                 i = close + 1
                 continue
             m = _LINE.match(raw)
@@ -474,9 +472,10 @@ class _Parser:
                 raise CircuitError(_unknown(name, lineno))
             ins = CircuitInstruction(canon, tuple(_parse_targets(rest, lineno, name)),
                                      _parse_args(args, lineno, name), lineno, (tag or "")[1:-1])
-            _validate(ins, circuit.num_measurements + getattr(circuit, "_measurements_before", 0))
+            _validate(ins, measured)
             circuit.operations.append(ins)
-        return i
+            measured += ins.num_measurements()
+        return i, measured
 
 
 # ---- validation -------------------------------------------------------------------------------------
@@ -564,7 +563,7 @@ _CLASSICAL_SIDES = {"CX": (0,), "CY": (0,), "CZ": (0, 1), "XCZ": (1,), "YCZ": (1
 def _check_unitary_targets(ins: CircuitInstruction, where: str):
     g = _gates.GATES[ins.definition.gate]
     ts = ins.targets
-    plain = all(type(t) is GateTarget and t.is_qubit_target and not t.is_inverted_result_target for t in ts)
+    plain = all(t.is_qubit_target and not t.is_inverted_result_target for t in ts)
     if plain:  # the bulk of large circuits: only the pairs need a look
         if g.num_qubits == 2:
             _check_pairs(ins, where)
