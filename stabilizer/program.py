@@ -62,6 +62,48 @@ def pair_codes() -> np.ndarray:
     return np.array([_XBIT[a] | _ZBIT[a] << 1 | _XBIT[b] << 2 | _ZBIT[b] << 3 for a, b in PAIRS] + [0], np.uint32)
 
 
+def bucket(k: int) -> int:
+    """The next power of two >= k: batch sizes padded to it reuse compiled programs."""
+    return 1 << max(0, (k - 1).bit_length())
+
+
+def noise_probabilities(ins: CircuitInstruction) -> np.ndarray:
+    """A noise channel as probabilities of the 15 disjoint Pauli events of PAIRS (one-qubit channels
+    use XI, YI, ZI: the Pauli on the target, identity on no second target)."""
+    name, args = ins.name, ins.gate_args
+    probs = np.zeros(15)
+    if name in ("X_ERROR", "Y_ERROR", "Z_ERROR"):
+        probs[_SINGLE_EVENT[name[0]]] = args[0]
+    elif name in ("DEPOLARIZE1", "PAULI_CHANNEL_1"):
+        for p, v in zip("XYZ", [args[0] / 3] * 3 if name == "DEPOLARIZE1" else args):
+            probs[_SINGLE_EVENT[p]] = v
+    elif name in ("DEPOLARIZE2", "PAULI_CHANNEL_2"):
+        probs[:] = [args[0] / 15] * 15 if name == "DEPOLARIZE2" else args
+    return probs  # I_ERROR, II_ERROR: nothing happens
+
+
+def unitary_parts(ins: CircuitInstruction):
+    """A unitary instruction's pairs in order: ("gate", [qubit groups]) for runs of quantum targets,
+    ("feedback", target qubit, rec lookback k > 0, Pauli) for a classically controlled pair. Pairs
+    controlled by sweep bits are dropped: without sweep data the bits are 0, as in Stim's samplers."""
+    arity = _gates.GATES[canonical_gate(ins.name)].num_qubits
+    ts = ins.targets
+    quantum: list[tuple[int, ...]] = []
+    for i in range(0, len(ts), arity):
+        group = ts[i:i + arity]
+        if all(t.is_qubit_target for t in group):
+            quantum.append(tuple(t.value for t in group))
+            continue
+        if quantum:
+            yield "gate", quantum
+            quantum = []
+        ctrl, target = (group[0], group[1]) if not group[0].is_qubit_target else (group[1], group[0])
+        if ctrl.is_measurement_record_target:
+            yield "feedback", target.value, -ctrl.value, FEEDBACK_PAULI[ins.name]
+    if quantum:
+        yield "gate", quantum
+
+
 def disjoint_runs(groups) -> list[list[tuple[int, ...]]]:
     """Split an instruction's target groups, in order, into runs that touch each qubit at most once
     (a run is applied as one batch: disjoint gates commute)."""
@@ -82,7 +124,7 @@ def gate_tables(stim_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     on the first qubit, identity on the second)."""
     g = _gates.GATES[canonical_gate(stim_name)]
     fwd, _ = _gates.clifford_action(g.matrix().conj().T)
-    inv, sign = _gates.clifford_action(g.matrix())
+    inv, sign, _ = gate_action(stim_name)
     if g.num_qubits == 1:
         codes = np.arange(16)
         lo, hi = codes & 3, codes & 12
@@ -208,42 +250,24 @@ class _Lowering:
                                 pz=np.array([_ZBIT[x] for x in paulis], bool)))
 
     def _unitary(self, ins: CircuitInstruction):
-        arity = _gates.GATES[canonical_gate(ins.name)].num_qubits
         ts = ins.targets
         if all(t.is_qubit_target for t in ts):  # the common case, without a Python loop per pair
-            self.gate(ins.name, _qubit_values(ts).reshape(-1, arity))
+            self.gate(ins.name, _qubit_values(ts).reshape(-1, gate_action(ins.name)[2]))
             return
-        quantum: list[tuple[int, ...]] = []
-        for i in range(0, len(ts), arity):
-            group = ts[i:i + arity]
-            if all(t.is_qubit_target for t in group):
-                quantum.append(tuple(t.value for t in group))
-                continue
-            if quantum:
-                self.gate(ins.name, quantum)
-                quantum = []
-            ctrl, target = (group[0], group[1]) if not group[0].is_qubit_target else (group[1], group[0])
-            if ctrl.is_measurement_record_target:  # sweep bits are 0: no effect
-                pauli = FEEDBACK_PAULI[ins.name]
-                self.ops.append(_Op(FEEDBACK, self._pad(np.array([target.value])), rec=np.array([-ctrl.value]),
+        for part in unitary_parts(ins):
+            if part[0] == "gate":
+                self.gate(ins.name, part[1])
+            else:
+                _, target, lookback, pauli = part
+                self.ops.append(_Op(FEEDBACK, self._pad(np.array([target])), rec=np.array([lookback]),
                                     px=np.array([_XBIT[pauli]], bool), pz=np.array([_ZBIT[pauli]], bool)))
-        if quantum:
-            self.gate(ins.name, quantum)
 
     def _noise(self, ins: CircuitInstruction):
-        name, args, ts = ins.name, ins.gate_args, ins.targets
-        if name in ("I_ERROR", "II_ERROR"):
+        if ins.name in ("I_ERROR", "II_ERROR"):
             return
-        probs = np.zeros(15)
-        if name in ("X_ERROR", "Y_ERROR", "Z_ERROR"):
-            probs[_SINGLE_EVENT[name[0]]] = args[0]
-        elif name in ("DEPOLARIZE1", "PAULI_CHANNEL_1"):
-            for p, v in zip("XYZ", [args[0] / 3] * 3 if name == "DEPOLARIZE1" else args):
-                probs[_SINGLE_EVENT[p]] = v
-        else:
-            probs[:] = [args[0] / 15] * 15 if name == "DEPOLARIZE2" else args
-        for run in _runs(_qubit_values(ts).reshape(-1, ins.definition.arity)):
-            self.ops.append(_Op(NOISE, self._pad(run), probs=tuple(probs)))
+        probs = tuple(noise_probabilities(ins))
+        for run in _runs(_qubit_values(ins.targets).reshape(-1, ins.definition.arity)):
+            self.ops.append(_Op(NOISE, self._pad(run), probs=probs))
 
 
 def _table(ops: list[_Op], width: int, spare: int) -> dict[str, np.ndarray]:

@@ -41,10 +41,6 @@ def _reference(prog: _p.Program) -> np.ndarray:
     return np.asarray(rec, dtype=bool)
 
 
-def _bucket(k: int) -> int:
-    return 1 << max(0, (k - 1).bit_length())
-
-
 @jax.jit
 def _xor_rows(rows, idx):
     """Parity of the listed rows for each output: rows (R, words) with a zero row last; idx (D, L)."""
@@ -95,7 +91,7 @@ class _Sampler:
         done = 0
         while done < shots:
             # a power-of-two number of words per chunk: calls with other shot counts reuse the compiles
-            words = min(_bucket(-(-(shots - done) // 32)), chunk_words)
+            words = min(_p.bucket(-(-(shots - done) // 32)), chunk_words)
             n = min(32 * words, shots - done)
             flips = _f.run_program(self._structure, self._tables, jax.random.fold_in(call_key, done),
                                    prog.num_qubits, prog.num_measurements, words)

@@ -23,18 +23,22 @@ from .circuit import (
     CircuitInstruction,
     CircuitRepeatBlock,
     GateTarget,
+    _validate,
     canonical_name,
     product_groups,
 )
-from .program import FEEDBACK_PAULI, PAIRS, disjoint_runs, gate_action
+from .program import (
+    PAIRS,
+    bucket,
+    disjoint_runs,
+    gate_action,
+    noise_probabilities,
+    unitary_parts,
+)
 
 _PAULI_FLIPS = {"X": (True, False), "Y": (True, True), "Z": (False, True)}  # (x part, z part)
 # circuits with at least this many instructions (repeats counted) run as one compiled program
 PROGRAM_MIN_INSTRUCTIONS = 200
-
-
-def _bucket(k: int) -> int:
-    return 1 << max(0, (k - 1).bit_length())
 
 
 def _instruction_count(c: Circuit) -> int:
@@ -55,6 +59,7 @@ class TableauSimulator:
         self._n = 0
         self._tableau = _t.identity(num_qubits + 1)
         self._record: list[bool] = []
+        self._chain_fired = False  # an E / ELSE_CORRELATED_ERROR chain has fired
         self.set_num_qubits(num_qubits)
 
     # ---- size ------------------------------------------------------------------------------------
@@ -79,7 +84,7 @@ class TableauSimulator:
         image, sign, arity = gate_action(stim_name)
         self._ensure(q for g in groups for q in g)
         for run in disjoint_runs(groups):
-            size = _bucket(len(run))
+            size = bucket(len(run))
             qubits = np.array(run + [run[0]] * (size - len(run)), np.int32).reshape(size, arity)
             self._tableau = _t.prepend(self._tableau, jnp.asarray(qubits), jnp.asarray(np.tile(image, (size, 1))),
                                        jnp.asarray(np.tile(sign, (size, 1))), arity=arity)
@@ -219,8 +224,6 @@ class TableauSimulator:
             for _ in range(item.repeat_count):
                 self.do(item.body)
         elif isinstance(item, CircuitInstruction):
-            from .circuit import _validate
-
             if item.line == 0:  # built in code: not checked by the parser yet
                 _validate(item, len(self._record))
             self._do_instruction(item)
@@ -285,45 +288,25 @@ class TableauSimulator:
             raise ValueError(f"line {ins.line}: {ins.name}: no simulation rule")
 
     def _unitary(self, ins: CircuitInstruction) -> None:
-        _, _, arity = gate_action(ins.name)
-        ts = ins.targets
-        if arity == 1:
-            self._apply(ins.name, [(t.value,) for t in ts])
-            return
-        groups: list[tuple[int, int]] = []
-        for a, b in zip(ts[::2], ts[1::2]):
-            if a.is_qubit_target and b.is_qubit_target:
-                groups.append((a.value, b.value))
-                continue
-            if groups:  # keep the order: flush the quantum pairs before a classically controlled one
-                self._apply(ins.name, groups)
-                groups = []
-            ctrl, target = (a, b) if not a.is_qubit_target else (b, a)
-            if ctrl.is_measurement_record_target and self._record[ctrl.value]:
-                self._paulis([(target.value, FEEDBACK_PAULI[ins.name])])
-            # sweep bits are 0 without sweep data (as Stim's samplers without sweep input)
-        if groups:
-            self._apply(ins.name, groups)
+        for part in unitary_parts(ins):
+            if part[0] == "gate":
+                self._apply(ins.name, part[1])
+            else:
+                _, target, lookback, pauli = part
+                if self._record[-lookback]:
+                    self._paulis([(target, pauli)])
 
     def _noise(self, ins: CircuitInstruction) -> None:
-        name, args, ts = ins.name, ins.gate_args, ins.targets
-        if name in ("I_ERROR", "II_ERROR"):
+        if ins.name in ("I_ERROR", "II_ERROR"):
             return
+        probs = noise_probabilities(ins)
+        arity = ins.definition.arity
         flips: list[tuple[int, str]] = []
-        if name in ("X_ERROR", "Y_ERROR", "Z_ERROR"):
-            flips = [(t.value, name[0]) for t in ts if self._rng.random() < args[0]]
-        elif name in ("DEPOLARIZE1", "PAULI_CHANNEL_1"):
-            probs = [args[0] / 3] * 3 if name == "DEPOLARIZE1" else list(args)
-            for t in ts:
-                k = self._pick(probs)
-                if k is not None:
-                    flips.append((t.value, "XYZ"[k]))
-        else:  # DEPOLARIZE2, PAULI_CHANNEL_2
-            probs = [args[0] / 15] * 15 if name == "DEPOLARIZE2" else list(args)
-            for a, b in zip(ts[::2], ts[1::2]):
-                k = self._pick(probs)
-                if k is not None:
-                    flips += [(q, p) for q, p in zip((a.value, b.value), PAIRS[k]) if p != "I"]
+        for i in range(0, len(ins.targets), arity):
+            k = self._pick(probs)
+            if k is not None:  # one-qubit channels draw events XI, YI, ZI: the "I" has no target
+                group = [t.value for t in ins.targets[i:i + arity]]
+                flips += [(q, p) for q, p in zip(group, PAIRS[k]) if p != "I"]
         self._paulis(flips)
 
     def _pick(self, probs: Sequence[float]) -> int | None:
@@ -337,8 +320,8 @@ class TableauSimulator:
         return None
 
     def _correlated(self, ins: CircuitInstruction) -> None:
-        if ins.name == "E" or getattr(self, "_chain_fired", None) is None:
-            self._chain_fired = False  # an ELSE with no E before it: nothing has fired (as Stim)
+        if ins.name == "E":  # an ELSE with no E before it finds nothing fired, as in Stim
+            self._chain_fired = False
         if self._chain_fired:
             return
         if self._rng.random() < ins.gate_args[0]:
