@@ -32,12 +32,11 @@ def _chunk_bytes() -> int:
 def reference_sample(circuit: Circuit) -> np.ndarray:
     """A noiseless measurement record (random outcomes taken as 0), as Stim's `reference_sample`."""
     circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-    prog = _p.lower(circuit)
-    return _reference(prog)
+    return _reference(_p.lowered(circuit))
 
 
 def _reference(prog: _p.Program) -> np.ndarray:
-    rec = _t.reference_record(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)
+    rec = _t.reference_record(prog.structure(), _p.device_tables(prog), prog.num_qubits, prog.num_measurements)
     return np.asarray(rec, dtype=bool)
 
 
@@ -69,7 +68,7 @@ def _finish(bits: np.ndarray, bit_packed: bool) -> np.ndarray:
 
 
 class _Sampler:
-    def __init__(self, circuit, seed: int | None):
+    def __init__(self, circuit, *, seed: int | None = None):
         self.circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
         self.program = _p.lowered(self.circuit)
         self._structure = self.program.structure()
@@ -103,7 +102,7 @@ class CompiledMeasurementSampler(_Sampler):
     """`sample(shots)`: (shots, num_measurements) outcomes; noise sampled per shot."""
 
     def __init__(self, circuit, *, seed: int | None = None, skip_reference_sample: bool = False):
-        super().__init__(circuit, seed)
+        super().__init__(circuit, seed=seed)
         self.reference = (np.zeros(self.circuit.num_measurements, bool) if skip_reference_sample
                           else _reference(self.program))
 
@@ -115,9 +114,6 @@ class CompiledMeasurementSampler(_Sampler):
 
 class CompiledDetectorSampler(_Sampler):
     """`sample(shots)`: detection events (and observable flips), relative to the noiseless reference."""
-
-    def __init__(self, circuit, *, seed: int | None = None):
-        super().__init__(circuit, seed)
 
     def sample(self, shots: int, *, prepend_observables: bool = False, append_observables: bool = False,
                separate_observables: bool = False, bit_packed: bool = False):
