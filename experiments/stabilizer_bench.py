@@ -65,6 +65,21 @@ def random_circuit_text(n: int, depth: int, seed: int, measure_all: bool) -> str
 
 # ---- one tool on one workload (runs in a subprocess) -------------------------------------------------
 
+def _detector_sampler(tool: str, text: str):
+    """Each tool's compiled detector sampler for circuit text (seed 1), through its own API."""
+    if tool == "ours":
+        import stabilizer as st
+
+        return st.compile_detector_sampler(st.Circuit(text), seed=1)
+    if tool == "stim":
+        import stim
+
+        return stim.Circuit(text).compile_detector_sampler(seed=1)
+    import quasarq
+
+    return quasarq.compile_detector_sampler(text, seed=1)
+
+
 def _timed(fn, repeats: int):
     t0 = time.perf_counter()
     out = fn()
@@ -82,33 +97,13 @@ def worker(spec: dict) -> dict:
     if kind == "surface":
         text = surface_circuit_text(spec["d"], spec["p"])
         shots = spec["shots"]
-        if tool == "ours":
-            import stabilizer as st
+        t0 = time.perf_counter()
+        sampler = _detector_sampler(tool, text)
+        compile_s = time.perf_counter() - t0
 
-            t0 = time.perf_counter()
-            sampler = st.compile_detector_sampler(st.Circuit(text), seed=1)
-            compile_s = time.perf_counter() - t0
+        def run():
+            return sampler.sample(shots, separate_observables=True)
 
-            def run():
-                return sampler.sample(shots, separate_observables=True)
-        elif tool == "stim":
-            import stim
-
-            t0 = time.perf_counter()
-            sampler = stim.Circuit(text).compile_detector_sampler(seed=1)
-            compile_s = time.perf_counter() - t0
-
-            def run():
-                return sampler.sample(shots, separate_observables=True)
-        else:
-            import quasarq
-
-            t0 = time.perf_counter()
-            sampler = quasarq.compile_detector_sampler(text, seed=1)
-            compile_s = time.perf_counter() - t0
-
-            def run():
-                return sampler.sample(shots, separate_observables=True)
         (dets, obs), first, best, times = _timed(run, spec["repeats"])
         dets, obs = np.asarray(dets), np.asarray(obs)
         return {"compile_s": compile_s, "first_s": first, "seconds": best, "times": times,
