@@ -8,6 +8,7 @@ Workloads:
            `depth` layers, each qubit in one gate per layer; gates only (the tableau workload),
            optionally then measuring every qubit (--measure-all).
 
+Tools: ours (Pallas kernels on GPUs), ours-jax (the pure-JAX rules, STABILIZER_KERNEL=jax), stim, quasarq.
 Each (tool, workload) runs in its own subprocess with a time limit, so a crash (QuaSARQ 1.7.2
 aborts on some circuits) or a timeout is recorded as a result instead of ending the run.
 Times: `first_s` is the first call (compiles included), `seconds` the best of the later calls.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,31 +45,48 @@ def surface_circuit_text(d: int, p: float) -> str:
                                       after_reset_flip_probability=p, before_round_data_depolarization=p))
 
 
-def random_circuit_text(n: int, depth: int, seed: int, measure_all: bool) -> str:
-    """Layers of random gates: qubits shuffled, half of them paired into two-qubit gates."""
+def random_layers(n: int, depth: int, seed: int):
+    """Layers of random gates, vectorised: each layer shuffles the qubits, pairs half of them into
+    random two-qubit gates and gives the rest random one-qubit gates. Yields (gate, targets) per
+    instruction, one instruction per gate kind per layer, and "TICK" between layers."""
     rng = np.random.default_rng(seed)
-    lines = []
+    m = n // 4  # pairs
     for _ in range(depth):
         perm = rng.permutation(n)
-        by_gate: dict[str, list[int]] = {}
-        pairs, singles = perm[: (n // 4) * 2], perm[(n // 4) * 2:]  # half the qubits in pairs
-        for a, b in zip(pairs[::2], pairs[1::2]):
-            by_gate.setdefault(QUASARQ_GATES_2Q[rng.integers(5)], []).extend((int(a), int(b)))
-        for q in singles:
-            by_gate.setdefault(QUASARQ_GATES_1Q[rng.integers(6)], []).append(int(q))
-        for g, ts in by_gate.items():
-            lines.append(g + " " + " ".join(map(str, ts)))
-        lines.append("TICK")
+        pairs, singles = perm[: 2 * m].reshape(m, 2), perm[2 * m:]
+        kind2, kind1 = rng.integers(len(QUASARQ_GATES_2Q), size=m), rng.integers(len(QUASARQ_GATES_1Q), size=len(singles))
+        for g, name in enumerate(QUASARQ_GATES_2Q):
+            yield name, pairs[kind2 == g].ravel()
+        for g, name in enumerate(QUASARQ_GATES_1Q):
+            yield name, singles[kind1 == g]
+        yield "TICK", None
+
+
+def random_circuit(n: int, depth: int, seed: int, measure_all: bool, text: bool):
+    """The random workload as Stim circuit text (text=True) or as a stabilizer.Circuit built from
+    arrays (the same instructions, without printing and parsing a gigabyte of text at 1.8e5 qubits)."""
+    if text:
+        lines = [name if ts is None else name + " " + " ".join(map(str, ts.tolist()))
+                 for name, ts in random_layers(n, depth, seed) if ts is None or ts.size]
+        if measure_all:
+            lines.append("M " + " ".join(map(str, range(n))))
+        return "\n".join(lines)
+    import stabilizer as st
+
+    c = st.Circuit()
+    for name, ts in random_layers(n, depth, seed):
+        if ts is None or ts.size:
+            c.append(name, () if ts is None else ts)
     if measure_all:
-        lines.append("M " + " ".join(map(str, range(n))))
-    return "\n".join(lines)
+        c.append("M", np.arange(n))
+    return c
 
 
 # ---- one tool on one workload (runs in a subprocess) -------------------------------------------------
 
 def _detector_sampler(tool: str, text: str):
     """Each tool's compiled detector sampler for circuit text (seed 1), through its own API."""
-    if tool == "ours":
+    if tool.startswith("ours"):
         import stabilizer as st
 
         return st.compile_detector_sampler(st.Circuit(text), seed=1)
@@ -109,12 +128,14 @@ def worker(spec: dict) -> dict:
         return {"compile_s": compile_s, "first_s": first, "seconds": best, "times": times,
                 "detector_rate": float(dets.mean()), "observable_rate": float(obs.mean()),
                 "num_detectors": int(dets.shape[1]), "shots": shots}
-    text = random_circuit_text(spec["n"], spec["depth"], spec["seed"], spec["measure_all"])
-    if tool == "ours":
+    t0 = time.perf_counter()
+    built = random_circuit(spec["n"], spec["depth"], spec["seed"], spec["measure_all"], text=not tool.startswith("ours"))
+    build_s = time.perf_counter() - t0
+    if tool.startswith("ours"):
         import jax
         import stabilizer as st
 
-        circuit = st.Circuit(text)
+        circuit = built
 
         def run():
             sim = st.TableauSimulator(seed=0, num_qubits=spec["n"])
@@ -124,7 +145,7 @@ def worker(spec: dict) -> dict:
     elif tool == "stim":
         import stim
 
-        circuit = stim.Circuit(text)
+        circuit = stim.Circuit(built)
 
         def run():
             sim = stim.TableauSimulator(seed=0)
@@ -133,20 +154,21 @@ def worker(spec: dict) -> dict:
     else:
         import quasarq
 
-        circuit = quasarq.Circuit(text)
+        circuit = quasarq.Circuit(built)
 
         def run():
             return quasarq.simulate(circuit)
     _, first, best, times = _timed(run, spec["repeats"])
-    return {"first_s": first, "seconds": best, "times": times}
+    return {"build_s": build_s, "first_s": first, "seconds": best, "times": times}
 
 
 def run_isolated(spec: dict, timeout: float) -> dict:
     """Run `worker(spec)` in a subprocess; a crash or timeout becomes the record."""
     t0 = time.perf_counter()
+    env = os.environ | ({"STABILIZER_KERNEL": "jax"} if spec["tool"] == "ours-jax" else {})
     try:
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**spec, "status": f"timeout after {timeout:.0f} s"}
     wall = time.perf_counter() - t0

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
+import numpy as np
+
 from pauliprop import gates as _gates
 
 # ---- what each instruction accepts -----------------------------------------------------------------
@@ -110,13 +112,47 @@ class GateTarget:
         return ("!" if self.is_inverted_result_target else "") + self.pauli + str(self.value)
 
 
-@dataclass(frozen=True)
 class CircuitInstruction:
-    name: str
-    targets: tuple[GateTarget, ...]
-    gate_args: tuple[float, ...] = ()
-    line: int = 0  # 1-based source line (0 when built in code)
-    tag: str = ""
+    """One instruction: a canonical name, targets, parenthesised arguments, its source line and tag.
+
+    Targets that are all plain qubits (the bulk of large circuits) are held as one int64 array,
+    `qubit_array`; `targets` builds the GateTarget tuple from it only when asked.
+    """
+
+    def __init__(self, name: str, targets: Sequence[GateTarget] | np.ndarray = (), gate_args: tuple[float, ...] = (),
+                 line: int = 0, tag: str = ""):
+        self.name, self.gate_args, self.line, self.tag = name, tuple(gate_args), line, tag
+        if isinstance(targets, np.ndarray):
+            self._qubits, self._targets = targets.astype(np.int64, copy=False).reshape(-1), None
+        else:
+            self._qubits, self._targets = None, tuple(targets)
+
+    @property
+    def targets(self) -> tuple[GateTarget, ...]:
+        if self._targets is None:
+            return tuple(map(_qubit_target, self._qubits.tolist()))
+        return self._targets
+
+    @property
+    def qubit_array(self) -> np.ndarray | None:
+        """The targets as an int64 array of qubits when they are all plain qubits, else None."""
+        if self._qubits is None and all(t.is_qubit_target and not t.is_inverted_result_target for t in self._targets):
+            self._qubits = np.fromiter((t.value for t in self._targets), np.int64, len(self._targets))
+        return self._qubits
+
+    def __len__(self) -> int:
+        return len(self._qubits) if self._targets is None else len(self._targets)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, CircuitInstruction):
+            return NotImplemented
+        return (self.name, self.gate_args, self.tag) == (other.name, other.gate_args, other.tag) and (
+            self.targets == other.targets)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"stabilizer.CircuitInstruction({str(self)!r})"
 
     def targets_copy(self) -> list[GateTarget]:
         return list(self.targets)
@@ -131,14 +167,16 @@ class CircuitInstruction:
     @cached_property
     def max_qubit(self) -> int:
         """The largest qubit this instruction touches (-1 if none)."""
-        return max((t.qubit_value for t in self.targets if t.qubit_value is not None), default=-1)
+        if self._targets is None:
+            return int(self._qubits.max(initial=-1))
+        return max((t.qubit_value for t in self._targets if t.qubit_value is not None), default=-1)
 
     def num_measurements(self) -> int:
         kind = self.definition.kind
         if kind in ("measure", "measure_reset", "mpad"):
-            return len(self.targets)
+            return len(self)
         if kind == "pair_measure":
-            return len(self.targets) // 2
+            return len(self) // 2
         if kind == "mpp":
             return len(self.targets) - 2 * sum(t.is_combiner for t in self.targets)
         return 0
@@ -146,14 +184,17 @@ class CircuitInstruction:
     def __str__(self) -> str:
         tag = f"[{self.tag}]" if self.tag else ""
         args = "(" + ", ".join(_fmt(a) for a in self.gate_args) + ")" if self.gate_args else ""
-        out: list[str] = []
-        for t in self.targets:  # MPP products are written X0*Y1, not X0 * Y1
-            if t.is_combiner:
-                out[-1] += "*"
-            elif out and out[-1].endswith("*"):
-                out[-1] += str(t)
-            else:
-                out.append(str(t))
+        if self._targets is None:
+            out = [" ".join(map(str, self._qubits.tolist()))] if len(self._qubits) else []
+        else:
+            out = []
+            for t in self._targets:  # MPP products are written X0*Y1, not X0 * Y1
+                if t.is_combiner:
+                    out[-1] += "*"
+                elif out and out[-1].endswith("*"):
+                    out[-1] += str(t)
+                else:
+                    out.append(str(t))
         return f"{self.name}{tag}{args}" + ("" if not out else " " + " ".join(out))
 
 
@@ -204,24 +245,30 @@ class Circuit:
     # -- building
     def append(self, name: str, targets: int | GateTarget | Sequence = (), arg=None, tag: str = "") -> Circuit:
         """Append an instruction as Stim does: `c.append("CX", [0, 1])`, `c.append("X_ERROR", [0], 0.1)`,
-        targets given as ints, GateTargets, or Stim's target text ("rec[-1]", "X2", "!3")."""
+        targets given as ints, GateTargets, Stim's target text ("rec[-1]", "X2", "!3"), or an integer
+        numpy array of qubits (held as is: the fast way to build large circuits)."""
         if isinstance(name, (CircuitInstruction, CircuitRepeatBlock)):
             self._validate_and_add(name)
             return self
-        targets = [targets] if isinstance(targets, (int, str, GateTarget)) else list(targets)
-        parsed: list[GateTarget] = []
-        for t in targets:
-            if isinstance(t, GateTarget):
-                parsed.append(t)
-            elif isinstance(t, bool) or not isinstance(t, (int, str)):
-                raise CircuitError(f"{name}: target {t!r} is not an int, a GateTarget or target text")
-            else:
-                parsed.extend(_parse_targets(str(t), 0, name))
+        if isinstance(targets, np.ndarray) and targets.dtype.kind in "iu":  # many qubits at once
+            parsed = targets.reshape(-1).astype(np.int64)
+            if parsed.size and parsed.min() < 0:
+                raise CircuitError(f"{name}: target {parsed.min()} is not a qubit (negative)")
+        else:
+            parsed = []
+            for t in [targets] if isinstance(targets, (int, str, GateTarget)) else list(targets):
+                if isinstance(t, GateTarget):
+                    parsed.append(t)
+                elif isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer, str)):
+                    raise CircuitError(f"{name}: target {t!r} is not an int, a GateTarget or target text")
+                else:
+                    one = _parse_targets(str(t), 0, name)
+                    parsed.extend(map(_qubit_target, one.tolist()) if isinstance(one, np.ndarray) else one)
         args = () if arg is None else tuple(float(a) for a in (arg if isinstance(arg, (list, tuple)) else [arg]))
         canon = canonical_name(name)
         if canon is None:
             raise CircuitError(_unknown(name, 0))
-        self._validate_and_add(CircuitInstruction(canon, tuple(parsed), args, 0, tag))
+        self._validate_and_add(CircuitInstruction(canon, parsed, args, 0, tag))
         return self
 
     def append_from_stim_program_text(self, text: str) -> Circuit:
@@ -245,8 +292,12 @@ class Circuit:
                     for op in self.operations), default=-1)
 
     def _count(self, per_instruction) -> int:
+        return self._count_ops(self.operations, per_instruction)
+
+    @staticmethod
+    def _count_ops(operations, per_instruction) -> int:
         total = 0
-        for op in self.operations:
+        for op in operations:
             if isinstance(op, CircuitRepeatBlock):
                 total += op.repeat_count * op.body._count(per_instruction)
             else:
@@ -255,7 +306,14 @@ class Circuit:
 
     @property
     def num_measurements(self) -> int:
-        return self._count(CircuitInstruction.num_measurements)
+        # operations are immutable and only ever appended, so the count extends from the last one
+        # (appending instruction by instruction stays linear); a shorter list is counted afresh
+        seen, count = self.__dict__.get("_measured", (0, 0))
+        if seen > len(self.operations):
+            seen, count = 0, 0
+        count += Circuit._count_ops(self.operations[seen:], CircuitInstruction.num_measurements)
+        self._measured = (len(self.operations), count)
+        return count
 
     @property
     def num_detectors(self) -> int:
@@ -357,7 +415,7 @@ class Circuit:
 
 # ---- parsing ----------------------------------------------------------------------------------------
 
-_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(\[[^\]]*\])?\s*(\(([^)]*)\))?\s*(.*?)\s*$")
+_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(\[[^\]]*\])?\s*(\(([^)]*)\))?")  # name[tag](args); targets follow
 _TARGET = re.compile(r"^(!?)([XYZxyz]?)(\d+)$")
 _REC = re.compile(r"^rec\[(-?\d+)\]$")
 _SWEEP = re.compile(r"^sweep\[(\d+)\]$")
@@ -375,11 +433,14 @@ def _qubit_target(q: int) -> GateTarget:
     return GateTarget(q)
 
 
-def _parse_targets(text: str, line: int, name: str) -> list[GateTarget]:
+_PLAIN = re.compile(r"[0-9\s]*")
+
+
+def _parse_targets(text: str, line: int, name: str) -> list[GateTarget] | np.ndarray:
+    """Target text -> GateTargets, or an int64 array when every target is a plain qubit."""
     where = f"line {line}: {name}" if line else name
-    tokens = text.split()
-    if "".join(tokens).isdigit():  # plain qubit targets: the bulk of large circuits
-        return [_qubit_target(int(tok)) for tok in tokens]
+    if _PLAIN.fullmatch(text):  # plain qubit targets: the bulk of large circuits, parsed in C
+        return np.fromstring(text, np.int64, sep=" ") if text.strip() else np.zeros(0, np.int64)
     out: list[GateTarget] = []
     for tok in text.replace("*", " * ").split():
         if tok == "*":
@@ -463,14 +524,15 @@ class _Parser:
                 measured += count * (after - measured)
                 i = close + 1
                 continue
-            m = _LINE.match(raw)
+            m = _HEAD.match(raw)
             if not m:
                 raise CircuitError(f"line {lineno}: cannot parse '{raw}'")
-            name, tag, _, args, rest = m.groups()
+            name, tag, _, args = m.groups()
+            rest = raw[m.end():].strip()
             canon = canonical_name(name)
             if canon is None:
                 raise CircuitError(_unknown(name, lineno))
-            ins = CircuitInstruction(canon, tuple(_parse_targets(rest, lineno, name)),
+            ins = CircuitInstruction(canon, _parse_targets(rest, lineno, name),
                                      _parse_args(args, lineno, name), lineno, (tag or "")[1:-1])
             _validate(ins, measured)
             circuit.operations.append(ins)
@@ -490,11 +552,14 @@ def _validate(ins: CircuitInstruction, measurements_before: int) -> None:
     if not lo <= n <= hi:
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
         raise CircuitError(f"{where}: takes {want} parenthesised argument(s), got {n}")
-    ts = ins.targets
-    qubit = lambda t: t.is_qubit_target
     if d.kind in ("noise", "correlated", "measure", "measure_reset", "pair_measure", "mpp", "mpad") and d.name not in (
             "I_ERROR", "II_ERROR"):
         _check_probabilities(ins, where)
+    if ins._targets is None and (d.kind in _PLAIN_KINDS or d.name == "QUBIT_COORDS"):
+        _check_plain(ins, where)
+        return
+    ts = ins.targets
+    qubit = lambda t: t.is_qubit_target
     if d.kind == "unitary":
         _check_unitary_targets(ins, where)
     elif d.kind in ("measure", "measure_reset", "reset", "noise", "pair_measure"):
@@ -535,6 +600,23 @@ def _validate(ins: CircuitInstruction, measurements_before: int) -> None:
         if t.is_measurement_record_target and -t.value > measurements_before:
             raise CircuitError(f"{where}: rec[{t.value}] looks back further than the {measurements_before} "
                                "measurement(s) made before it")
+
+
+_PLAIN_KINDS = ("unitary", "measure", "measure_reset", "reset", "noise", "pair_measure", "mpad")
+
+
+def _check_plain(ins: CircuitInstruction, where: str):
+    """`_validate` for targets held as a qubit array (kinds that take plain qubits), vectorised."""
+    qs = ins.qubit_array
+    if ins.definition.kind == "mpad":
+        if qs.size and qs.max() > 1:
+            raise CircuitError(f"{where}: targets are the padded values 0 or 1, got '{qs.max()}'")
+    elif ins.definition.arity == 2:
+        if len(qs) % 2:
+            raise CircuitError(f"{where}: a two-qubit instruction needs an even number of targets, got {len(qs)}")
+        same = qs[::2][qs[::2] == qs[1::2]]
+        if same.size:
+            raise CircuitError(f"{where}: a pair acts twice on qubit {same[0]}")
 
 
 def _check_probabilities(ins: CircuitInstruction, where: str):

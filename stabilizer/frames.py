@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import kernels
+from .kernels import kernel_mode
 from .program import pair_codes, run_segments
 
 
@@ -66,8 +68,14 @@ def _maybe_bernoulli(key, p, shape):
     return lax.cond(p > 0, lambda: bernoulli_bits(key, p, shape), lambda: jnp.zeros(shape, jnp.uint32))
 
 
-def _op_gate(c: _Carry, row, key) -> _Carry:
+def _op_gate(c: _Carry, row, key, kernel: str = "jax") -> _Carry:
     q0, q1 = row["q"][:, 0], row["q"][:, 1]
+    if kernel != "jax":
+        fwd = row["fwd"]
+        one_qubit = (fwd[4] == 4) & (fwd[8] == 8) & jnp.all((fwd[:4] & 12) == 0)  # the b qubit is padding
+        qubits = jnp.stack([jnp.where(row["active"], q0, -1), jnp.where(one_qubit, -1, q1)], axis=1)
+        x, z = kernels.frame_gate(c.f.x, c.f.z, qubits, fwd, interpret=kernel == "interpret")
+        return c._replace(f=Frames(x, z))
     bits = [c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1]]
     outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
     for code in range(16):
@@ -146,12 +154,15 @@ def _op_mpad(c: _Carry, row, key) -> _Carry:
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
 
 
-@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words"))
-def run_program(structure, tables, key, num_qubits: int, num_measurements: int, words: int):
-    """Frames of `32 * words` shots through a lowered program. Returns the record flips (M, words)."""
+@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words", "kernel"))
+def run_program(structure, tables, key, num_qubits: int, num_measurements: int, words: int, kernel: str = "auto"):
+    """Frames of `32 * words` shots through a lowered program. Returns the record flips (M, words).
+    kernel: "auto" (the Pallas gate kernel on GPUs), "jax", "pallas" or "interpret" (tests)."""
     carry = _Carry(zeros(num_qubits + 1, words), jnp.zeros((num_measurements + 1, words), jnp.uint32),
                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
     # every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)
     carry = carry._replace(f=Frames(carry.f.x, random_bits(jax.random.fold_in(key, 2**32 - 1), carry.f.z.shape)))
-    carry = run_segments(structure, tables, carry, _OPS, key)
+    ops = list(_OPS)
+    ops[0] = partial(_op_gate, kernel=kernel_mode(kernel, words))
+    carry = run_segments(structure, tables, carry, ops, key)
     return carry.record[:num_measurements]

@@ -154,7 +154,7 @@ class _Op:
 
 def _runs(groups: np.ndarray) -> list[np.ndarray]:
     """disjoint_runs on a (g, arity) array, with a fast path when no qubit repeats."""
-    if np.unique(groups).size == groups.size:
+    if groups.size == 0 or np.bincount(groups.ravel()).max() <= 1:
         return [groups]
     out, start = [], 0
     for run in disjoint_runs([tuple(g) for g in groups.tolist()]):
@@ -163,8 +163,10 @@ def _runs(groups: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _qubit_values(targets) -> np.ndarray:
-    return np.fromiter((t.value for t in targets), np.int64, len(targets))
+def _qubit_values(ins: CircuitInstruction) -> np.ndarray:
+    """The values of an instruction's targets (qubits, or MPAD's bits) as an int64 array."""
+    qs = ins.qubit_array
+    return qs if qs is not None else np.fromiter((t.value for t in ins.targets), np.int64, len(ins))
 
 
 class _Lowering:
@@ -214,13 +216,15 @@ class _Lowering:
             self.basis(*factors)
 
     def instruction(self, ins: CircuitInstruction):
-        d, ts = ins.definition, ins.targets
+        d = ins.definition
         p = ins.gate_args[0] if ins.gate_args else 0.0
         if d.kind == "unitary":
             self._unitary(ins)
         elif d.kind in ("measure", "measure_reset", "reset"):
-            qubits = _qubit_values(ts)
-            inverts = np.fromiter((t.is_inverted_result_target for t in ts), bool, len(ts))
+            qubits = _qubit_values(ins)
+            plain = ins.qubit_array is not None
+            inverts = np.zeros(len(ins), bool) if plain else np.fromiter(
+                (t.is_inverted_result_target for t in ins.targets), bool, len(ins))
             start = 0
             for run in _runs(qubits[:, None]):
                 qs, inv = run[:, 0], inverts[start:start + len(run)]
@@ -230,7 +234,7 @@ class _Lowering:
                 self.measure(qs, inv, reset=d.kind != "measure", record=d.kind != "reset", flip=p)
                 self.basis(basis, qs)
         elif d.kind == "pair_measure":
-            pairs = list(zip(ts[::2], ts[1::2]))
+            pairs = list(zip(ins.targets[::2], ins.targets[1::2]))
             self.products([[(d.basis, a.value), (d.basis, b.value)] for a, b in pairs],
                           [a.is_inverted_result_target ^ b.is_inverted_result_target for a, b in pairs], p)
         elif d.kind == "mpp":
@@ -238,21 +242,20 @@ class _Lowering:
             self.products([[(t.pauli, t.value) for t in g] for g in groups],
                           [sum(t.is_inverted_result_target for t in g) % 2 == 1 for g in groups], p)
         elif d.kind == "mpad":
-            k = len(ts)
+            k = len(ins)
             self.ops.append(_Op(MPAD, np.full((k, 2), self.spare), probs=(p,), advance=k, rec=np.arange(k),
-                                invert=_qubit_values(ts).astype(bool)))
+                                invert=_qubit_values(ins).astype(bool)))
         elif d.kind == "noise":
             self._noise(ins)
         elif d.kind == "correlated":
-            paulis = [t.pauli for t in ts]
-            self.ops.append(_Op(CORRELATED, self._pad(_qubit_values(ts)), probs=(p,), is_else=ins.name != "E",
+            paulis = [t.pauli for t in ins.targets]
+            self.ops.append(_Op(CORRELATED, self._pad(_qubit_values(ins)), probs=(p,), is_else=ins.name != "E",
                                 px=np.array([_XBIT[x] for x in paulis], bool),
                                 pz=np.array([_ZBIT[x] for x in paulis], bool)))
 
     def _unitary(self, ins: CircuitInstruction):
-        ts = ins.targets
-        if all(t.is_qubit_target for t in ts):  # the common case, without a Python loop per pair
-            self.gate(ins.name, _qubit_values(ts).reshape(-1, gate_action(ins.name)[2]))
+        if ins.qubit_array is not None:  # the common case, without a Python loop per pair
+            self.gate(ins.name, ins.qubit_array.reshape(-1, gate_action(ins.name)[2]))
             return
         for part in unitary_parts(ins):
             if part[0] == "gate":
@@ -266,7 +269,7 @@ class _Lowering:
         if ins.name in ("I_ERROR", "II_ERROR"):
             return
         probs = tuple(noise_probabilities(ins))
-        for run in _runs(_qubit_values(ins.targets).reshape(-1, ins.definition.arity)):
+        for run in _runs(_qubit_values(ins).reshape(-1, ins.definition.arity)):
             self.ops.append(_Op(NOISE, self._pad(run), probs=probs))
 
 

@@ -87,7 +87,8 @@ class TableauSimulator:
             size = bucket(len(run))
             qubits = np.array(run + [run[0]] * (size - len(run)), np.int32).reshape(size, arity)
             self._tableau = _t.prepend(self._tableau, jnp.asarray(qubits), jnp.asarray(np.tile(image, (size, 1))),
-                                       jnp.asarray(np.tile(sign, (size, 1))), arity=arity)
+                                       jnp.asarray(np.tile(sign, (size, 1))), jnp.arange(size) < len(run),
+                                       arity=arity)
 
     def _paulis(self, flips: Iterable[tuple[int, str]]) -> None:
         """Prepend Paulis given as (qubit, 'X'|'Y'|'Z') pairs (noise, feedback); repeats compose."""

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import kernels
 from .program import pair_codes, run_segments
 
 WORD = 32
@@ -42,14 +43,17 @@ class Tableau(NamedTuple):
 
 
 def identity(num_qubits: int) -> Tableau:
-    """The identity tableau for at least `num_qubits` qubits (rounded up to a multiple of 32)."""
-    n = max(WORD, -(-num_qubits // WORD) * WORD)
-    eye = np.zeros((n, n // WORD), np.uint32)
-    q = np.arange(n)
-    eye[q, q // WORD] = np.uint32(1) << (q % WORD).astype(np.uint32)
-    zero = np.zeros_like(eye)
-    return Tableau(jnp.asarray(np.concatenate([eye, zero])), jnp.asarray(np.concatenate([zero, eye])),
-                   jnp.zeros(2 * n, bool))
+    """The identity tableau for at least `num_qubits` qubits, built on the device. Capacity is rounded
+    up to whole words, and then to rows the GPU kernels can block (kernels.padded_words)."""
+    return _identity(kernels.padded_words(max(1, -(-num_qubits // WORD))) * WORD)
+
+
+@partial(jax.jit, static_argnums=(0,))
+def _identity(n: int) -> Tableau:
+    q = jnp.arange(n)
+    eye = jnp.zeros((2 * n, n // WORD), jnp.uint32)
+    bit = jnp.uint32(1) << (q % WORD).astype(jnp.uint32)
+    return Tableau(eye.at[q, q // WORD].set(bit), eye.at[n + q, q // WORD].set(bit), jnp.zeros(2 * n, bool))
 
 
 def grow(t: Tableau, num_qubits: int) -> Tableau:
@@ -94,37 +98,56 @@ def _set_bit(words, q, bits):
 
 # ---- gates: prepend a batch of gates on disjoint qubits -------------------------------------------
 
-@partial(jax.jit, static_argnames=("arity",), donate_argnums=(0,))
-def prepend(t: Tableau, qubits, image, sign, arity: int) -> Tableau:
-    """Apply gates on disjoint qubits: qubits (k, arity) int32; image, sign (k, 4**arity) the Heisenberg
-    action P -> G^dagger P G of each gate on local Pauli codes (bit 2j: x of qubit j, 2j+1: z).
+def _products_jax(xs, zs, rows, codes):
+    """The pure-JAX rule of kernels.prepend_rows (same arguments and results, not in place)."""
+    gx, gz = xs[rows], zs[rows]  # (k, G, W)
+    outs_x, outs_z, phases = [], [], []
+    for g in range(rows.shape[1]):
+        x, z = jnp.zeros_like(gx[:, 0]), jnp.zeros_like(gz[:, 0])
+        phase = jnp.zeros(rows.shape[0], jnp.int32)
+        for f in range(rows.shape[1]):
+            use = ((codes[:, g] >> f) & 1).astype(bool)[:, None]
+            fx, fz = jnp.where(use, gx[:, f], 0), jnp.where(use, gz[:, f], 0)
+            phase = phase + product_phase(x, z, fx, fz)
+            x, z = x ^ fx, z ^ fz
+        outs_x.append(x)
+        outs_z.append(z)
+        phases.append(phase)
+    flat = rows.reshape(-1)
+    keep = flat >= 0
+    flat = jnp.where(keep, flat, xs.shape[0])  # inactive slots write nowhere
+    xs = xs.at[flat].set(jnp.stack(outs_x, 1).reshape(flat.shape[0], -1), mode="drop")
+    zs = zs.at[flat].set(jnp.stack(outs_z, 1).reshape(flat.shape[0], -1), mode="drop")
+    return xs, zs, jnp.stack(phases, 1) % 4
 
-    Padding slots repeat an earlier slot's qubits and action (their writes are identical).
+
+@partial(jax.jit, static_argnames=("arity", "kernel"), donate_argnums=(0,))
+def prepend(t: Tableau, qubits, image, sign, active, arity: int, kernel: str = "auto") -> Tableau:
+    """Apply gates on disjoint qubits: qubits (k, arity) int32; image, sign (k, 4**arity) the Heisenberg
+    action P -> G^dagger P G of each gate on local Pauli codes (bit 2j: x of qubit j, 2j+1: z);
+    active (k,) bool: padding slots are False and do nothing.
+
+    kernel: "auto" (the Pallas kernel on GPUs, pure JAX elsewhere), "jax", "pallas" or "interpret"
+    (the Pallas kernel interpreted on any backend, for tests).
     """
     n = t.capacity
     rows = jnp.concatenate([jnp.stack([qubits[:, j], n + qubits[:, j]], axis=1) for j in range(arity)], axis=1)
-    gx, gz, gs = t.xs[rows], t.zs[rows], t.signs[rows]  # (k, 2*arity, W): T(X_a), T(Z_a), T(X_b), T(Z_b)
-    outs_x, outs_z, outs_s = [], [], []
-    for g in range(2 * arity):  # the local generator X_a, Z_a, X_b, Z_b: code 1 << g
-        code = image[:, 1 << g]
-        x = jnp.zeros_like(gx[:, 0])
-        z = jnp.zeros_like(gz[:, 0])
-        phase = jnp.zeros(code.shape, jnp.int32)
-        for f in range(2 * arity):  # T(P_code) = i^{#Y} T(X_a)^{x_a} T(Z_a)^{z_a} ...
-            use = ((code >> f) & 1).astype(bool)
-            fx = jnp.where(use[:, None], gx[:, f], 0)
-            fz = jnp.where(use[:, None], gz[:, f], 0)
-            phase = phase + product_phase(x, z, fx, fz) + 2 * (use & gs[:, f])
-            x, z = x ^ fx, z ^ fz
-        ys = sum(((code >> (2 * j)) & (code >> (2 * j + 1)) & 1) for j in range(arity))
-        phase = phase + ys + jnp.where(sign[:, 1 << g] < 0, 2, 0)
-        outs_x.append(x)
-        outs_z.append(z)
-        outs_s.append((phase % 4) == 2)
-    flat = rows.reshape(-1)
-    return Tableau(t.xs.at[flat].set(jnp.stack(outs_x, 1).reshape(flat.shape[0], -1)),
-                   t.zs.at[flat].set(jnp.stack(outs_z, 1).reshape(flat.shape[0], -1)),
-                   t.signs.at[flat].set(jnp.stack(outs_s, 1).reshape(-1)))
+    rows = jnp.where(active[:, None], rows, -1)
+    gens = [1 << g for g in range(2 * arity)]  # the local generators X_a, Z_a, X_b, Z_b
+    codes = image[:, gens]
+    mode = kernels.kernel_mode(kernel, t.xs.shape[1])
+    if mode == "jax":
+        xs, zs, phase = _products_jax(t.xs, t.zs, rows, codes)
+    else:
+        xs, zs, phase = kernels.prepend_rows(t.xs, t.zs, rows, codes, interpret=mode == "interpret")
+    # T(P_code) = i^{#Y} T(X_a)^{x_a} T(Z_a)^{z_a} ...: add the factors' signs, the Ys and the image sign
+    factor_signs = t.signs[jnp.maximum(rows, 0)].astype(jnp.int32)  # (k, G)
+    uses = (codes[:, :, None] >> jnp.arange(2 * arity)) & 1  # (k, G generators, G factors)
+    ys = sum(((codes >> (2 * j)) & (codes >> (2 * j + 1)) & 1) for j in range(arity))
+    phase = phase + 2 * jnp.sum(uses * factor_signs[:, None, :], axis=-1) + ys + jnp.where(sign[:, gens] < 0, 2, 0)
+    flat = jnp.where(rows >= 0, rows, 2 * n).reshape(-1)
+    signs = t.signs.at[flat].set(((phase % 4) == 2).reshape(-1), mode="drop")
+    return Tableau(xs, zs, signs)
 
 
 @jax.jit
@@ -210,11 +233,11 @@ class _Carry(NamedTuple):
     chain: jax.Array  # bool: the current E / ELSE chain has fired
 
 
-def _op_gate(c: _Carry, row, key, noisy) -> _Carry:
+def _op_gate(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
     k = row["q"].shape[0]
     image = jnp.broadcast_to(row["inv"], (k, 16))
     sign = jnp.broadcast_to(row["sign"], (k, 16))
-    return c._replace(t=prepend(c.t, row["q"], image, sign, arity=2))
+    return c._replace(t=prepend(c.t, row["q"], image, sign, row["active"], arity=2, kernel=kernel))
 
 
 def _op_measure(c: _Carry, row, key, noisy) -> _Carry:
@@ -291,17 +314,19 @@ def _measure_z_inner(t: Tableau, q, random_result):
     return t, t.signs[n + q], was_random
 
 
-@partial(jax.jit, static_argnames=("structure", "noisy"), donate_argnums=(2,))
-def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool):
+@partial(jax.jit, static_argnames=("structure", "noisy", "kernel"), donate_argnums=(2,))
+def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel: str = "auto"):
     """Run a lowered program on tableau `t`: (final tableau, measurement record).
 
     guesses (M,) bool: the outcome each measurement takes if it is random; noisy: sample the noise
-    channels and measurement flips (else the run is noiseless, as a reference shot).
+    channels and measurement flips (else the run is noiseless, as a reference shot); kernel: as in
+    `prepend`.
     """
     m = guesses.shape[0]
     c = _Carry(t, jnp.zeros(m + 1, bool), jnp.zeros((), jnp.int32), jnp.concatenate([guesses, jnp.zeros(1, bool)]),
                jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
     ops = [partial(op, noisy=noisy) for op in _OPS]
+    ops[0] = partial(_op_gate, noisy=noisy, kernel=kernel)
     c = run_segments(structure, tables, c, ops, key)
     return c.t, c.record[:m]
 

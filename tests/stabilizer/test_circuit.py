@@ -123,10 +123,46 @@ def test_append_like_stim():
     ("R !0", "line 1: R: reset targets cannot be inverted"),
     ("OBSERVABLE_INCLUDE(-1) rec[-1]", "looks back|non-negative"),
     ("TICK 0", "line 1: TICK: takes no targets"),
+    ("MPAD 0 2", "line 1: MPAD: targets are the padded values 0 or 1, got '2'"),
+    ("DEPOLARIZE2(0.1) 3 3", "line 1: DEPOLARIZE2: a pair acts twice on qubit 3"),
+    ("MZZ 0 1 2", "line 1: MZZ: a two-qubit instruction needs an even number of targets, got 3"),
 ])
 def test_bad_input_names_the_line_and_the_instruction(text, message):
     with pytest.raises(CircuitError, match=message):
         Circuit(text)
+
+
+def test_plain_qubit_targets_are_held_as_arrays_and_read_as_targets():
+    """Plain qubit lists (the bulk of large circuits) are stored as one array, from text or from
+    `append`; they print, compare and lower exactly like GateTargets."""
+    np = pytest.importorskip("numpy")
+    text = "H 0 5 7\nCX 1 2 3 4\nM 0 1\nMPAD 1 0"
+    c = Circuit(text)
+    assert all(op.qubit_array is not None for op in c)
+    np.testing.assert_array_equal(c[1].qubit_array, [1, 2, 3, 4])
+    assert [t.value for t in c[0].targets] == [0, 5, 7] and all(t.is_qubit_target for t in c[0].targets)
+    built = Circuit()
+    built.append("H", np.array([0, 5, 7])).append("CX", np.array([[1, 2], [3, 4]], np.int32))
+    built.append("M", [0, 1]).append("MPAD", [1, 0])
+    assert built == c and str(built) == text and stim.Circuit(str(c)) == stim.Circuit(text)
+    assert c.num_qubits == 8 and c.num_measurements == 4
+    assert Circuit("M !0 1")[0].qubit_array is None  # inverted targets keep their flags
+    with pytest.raises(CircuitError, match="CX: a pair acts twice on qubit 3"):
+        Circuit().append("CX", np.array([3, 3]))
+    with pytest.raises(CircuitError, match="H: target -1 is not a qubit"):
+        Circuit().append("H", np.array([0, -1]))
+
+
+def test_measurement_count_follows_appends():
+    c = Circuit()
+    for k in range(1, 30):
+        c.append("M", list(range(k % 4)))
+        assert c.num_measurements == sum(j % 4 for j in range(1, k + 1))
+    c.append("M", [0])
+    with pytest.raises(CircuitError, match="rec\\[-80\\] looks back further than the 44"):
+        c.append("DETECTOR", ["rec[-80]"])
+    del c.operations[-5:]
+    assert c.num_measurements == sum(j % 4 for j in range(1, 26))
 
 
 def test_stim_rejects_what_we_reject():

@@ -1,0 +1,142 @@
+"""The Pallas kernels (stabilizer/kernels.py), compiled on a GPU and interpreted on the CPU: each equals
+the pure-JAX rule it replaces, bit for bit, and through it Stim's results."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pauliprop import gates as G
+from stabilizer import Circuit
+from stabilizer import frames as F
+from stabilizer import kernels as K
+from stabilizer import tableau as T
+from stabilizer.program import gate_action, gate_tables, lowered
+from stabilizer.simulator import TableauSimulator
+
+stim = pytest.importorskip("stim")
+
+# the compiled kernels where they run, else the interpreter: both are checked against the pure rules
+KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
+STIM_GATES = sorted({g.stim_names[0] for g in G.GATES.values() if g.stim_names})
+
+
+def _random_words(rng, shape):
+    return jnp.asarray(rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32))
+
+
+def test_block_and_padding_rules():
+    for words in range(1, 700):
+        padded = K.padded_words(words)
+        assert padded >= words and K.block_words(padded) is not None
+        assert padded < 2 * words or padded <= K.MAX_BLOCK_WORDS
+    assert K.block_words(3) is None and K.block_words(130) is None
+    with pytest.raises(ValueError, match="kernel must be"):
+        K.kernel_mode("cuda", 4)
+    with pytest.raises(ValueError, match="cannot be blocked"):
+        K.prepend_rows(jnp.zeros((4, 3), jnp.uint32), jnp.zeros((4, 3), jnp.uint32), jnp.zeros((1, 2), jnp.int32),
+                       jnp.zeros((1, 2), jnp.int32), interpret=True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2]), st.sampled_from([1, 4, 256]))
+def test_prepend_rows_equals_the_pure_rule(seed, arity, words):
+    """Random rows, random product codes (any subset of the slot's rows), some slots inactive, rows
+    of one to several blocks: the kernel's rows and phases equal the pure-JAX rule's."""
+    rng = np.random.default_rng(seed)
+    g, k = 2 * arity, 5
+    num_rows = 4 * k * arity
+    xs, zs = _random_words(rng, (num_rows, words)), _random_words(rng, (num_rows, words))
+    rows = rng.permutation(num_rows)[: k * g].reshape(k, g).astype(np.int32)
+    rows[rng.random(k) < 0.3] = -1
+    codes = jnp.asarray(rng.integers(0, 2**g, size=(k, g)).astype(np.int32))
+    want = T._products_jax(xs, zs, jnp.asarray(rows), codes)
+    got = K.prepend_rows(jnp.array(xs), jnp.array(zs), jnp.asarray(rows), codes, interpret=KERNEL == "interpret")
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_every_gate_through_the_kernel_equals_stims_tableau():
+    """Each Stim gate prepended by the kernel, in a window with padding slots, on qubits
+    across word boundaries of a random 70-qubit state, gives Stim's inverse tableau."""
+    rng = np.random.default_rng(5)
+    n = 70
+    prefix = "\n".join(f"{name} " + " ".join(map(str, rng.choice(n, gate_action(name)[2], replace=False)))
+                       for name in rng.choice(STIM_GATES, 60))
+    for name in STIM_GATES:
+        image, sign, arity = gate_action(name)
+        qubits = np.array([[31, 32], [63, 64], [0, 69], [0, 0]])[:, :arity]  # the last slot is padding
+        if arity == 1:
+            qubits = np.array([[31], [32], [69], [31]])
+        sim = TableauSimulator(num_qubits=n)
+        sim.do(Circuit(prefix))
+        sim._tableau = T.prepend(sim._tableau, jnp.asarray(qubits, jnp.int32), jnp.asarray(np.tile(image, (4, 1))),
+                                 jnp.asarray(np.tile(sign, (4, 1))), jnp.array([True, True, True, False]),
+                                 arity=arity, kernel=KERNEL)
+        ref = stim.TableauSimulator()
+        ref.set_num_qubits(n)
+        ref.do(stim.Circuit(prefix + f"\n{name} " + " ".join(map(str, qubits[:3].ravel()))))
+        assert sim.current_inverse_tableau() == ref.current_inverse_tableau(), name
+
+
+def _random_program_text(n: int, rng, depth: int) -> str:
+    lines = []
+    for _ in range(depth):
+        perm = rng.permutation(n)
+        lines.append("CX " + " ".join(map(str, perm)))
+        lines.append(f"{rng.choice(['H', 'S', 'SQRT_X', 'C_XYZ'])} " + " ".join(map(str, perm[: n // 3])))
+        lines.append(f"{rng.choice(['ISWAP', 'CZ', 'SWAP', 'XCY'])} " + " ".join(map(str, perm[n // 3: n // 3 + 4])))
+        lines.append("M " + " ".join(map(str, perm[:3])))
+        lines.append("R " + str(perm[5]))
+    return "\n".join(lines)
+
+
+def test_tableau_program_with_the_kernel_equals_the_pure_program():
+    rng = np.random.default_rng(11)
+    n = 40
+    prog = lowered(Circuit(_random_program_text(n, rng, 12)))
+    guesses = jnp.asarray(rng.random(prog.num_measurements) < 0.5)
+    runs = [T.run_program(prog.structure(), prog.tables(), T.identity(n + 1), guesses, jax.random.key(0),
+                          noisy=False, kernel=kernel) for kernel in ("jax", KERNEL)]
+    (t1, r1), (t2, r2) = runs
+    np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
+    for a, b in zip(t1, t2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("name", ["H", "S", "C_XYZ", "SQRT_Y_DAG", "CX", "CY", "ISWAP", "SQRT_XX_DAG", "XCZ",
+                                  "SWAP", "CXSWAP"])
+def test_frame_gate_kernel_equals_the_pure_rule(name):
+    """Frames of random shots through one gate window (with padding slots and, for one-qubit gates,
+    the spare qubit as the lowering pads them): kernel and pure rule agree bit for bit on the real qubits."""
+    rng = np.random.default_rng(len(name))
+    q, words, spare = 12, 256, 11
+    arity = gate_action(name)[2]
+    pairs = rng.permutation(spare)[:8].reshape(4, 2) if arity == 2 else np.column_stack(
+        [rng.permutation(spare)[:4], np.full(4, spare)])
+    row = {"q": jnp.asarray(np.vstack([pairs, [[spare, spare]]]), jnp.int32),
+           "fwd": jnp.asarray(gate_tables(name)[0], jnp.int32),
+           "active": jnp.array([True] * 4 + [False])}
+    x, z = _random_words(rng, (q, words)), _random_words(rng, (q, words))
+    carry = F._Carry(F.Frames(x, z), None, None, None, None)
+    want = F._op_gate(carry, row, None, kernel="jax").f
+    got = F._op_gate(F._Carry(F.Frames(jnp.array(x), jnp.array(z)), None, None, None, None), row, None,
+                     kernel=KERNEL).f
+    # the spare row is scratch: the pure rule writes the padding slot's garbage there, the kernel skips it
+    np.testing.assert_array_equal(np.asarray(want.x)[:spare], np.asarray(got.x)[:spare])
+    np.testing.assert_array_equal(np.asarray(want.z)[:spare], np.asarray(got.z)[:spare])
+
+
+def test_noisy_frames_program_with_the_kernel_equals_the_pure_program():
+    circuit = Circuit(str(stim.Circuit.generated("surface_code:rotated_memory_z", distance=3, rounds=2,
+                                                 after_clifford_depolarization=0.05,
+                                                 before_measure_flip_probability=0.05)))
+    prog = lowered(circuit)
+    flips = [F.run_program(prog.structure(), prog.tables(), jax.random.key(3), prog.num_qubits,
+                           prog.num_measurements, 4, kernel=kernel) for kernel in ("jax", KERNEL)]
+    np.testing.assert_array_equal(np.asarray(flips[0]), np.asarray(flips[1]))
+    assert np.asarray(flips[0]).any()
