@@ -50,10 +50,6 @@ def pack(bits) -> jax.Array:
     return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
 
 
-def _literal(v, bit):
-    return jnp.where(bit, v, ~v)
-
-
 # ---- a lowered program (stabilizer.program) over all shots of a chunk -----------------------------
 
 class _Carry(NamedTuple):
@@ -78,12 +74,10 @@ def _op_gate(c: _Carry, row, key, kernel: str = "jax") -> _Carry:
         return c._replace(f=Frames(x, z))
     bits = [c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1]]
     outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
-    for code in range(16):
-        minterm = _literal(bits[0], code & 1)
-        for b in range(1, 4):
-            minterm = minterm & _literal(bits[b], (code >> b) & 1)
+    for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
+        image = row["fwd"][1 << i]
         for b in range(4):
-            outs[b] = outs[b] | jnp.where((row["fwd"][code] >> b) & 1, minterm, jnp.uint32(0))
+            outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
     x = c.f.x.at[q0].set(outs[0]).at[q1].set(outs[2])
     z = c.f.z.at[q0].set(outs[1]).at[q1].set(outs[3])
     return c._replace(f=Frames(x, z))

@@ -5,8 +5,9 @@
   forms every generator's image as a product of them with the phase kept in two bit-lane counters
   (Stim's trick: popcounts once per block, not once per factor), and writes the rows back in place.
   The per-block phases are summed outside (a phase is additive over words).
-* `frame_gate`: a window of gates on Pauli frames (shots along words), in place: every output bit is
-  the gate's forward table applied to the four input bits, as a sum of minterms.
+* `frame_gate`: a window of gates on Pauli frames (shots along words), in place. Up to sign a
+  Clifford is linear on a frame's bits, so each output bit is an XOR of the input bits that the
+  gate's forward table sends to it.
 
 The pure-JAX versions (`stabilizer.tableau`, `stabilizer.frames`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
@@ -27,11 +28,15 @@ from jax.experimental import pallas as pl
 MAX_BLOCK_WORDS = 128
 
 
+MIN_BLOCK_WORDS = 16  # Triton miscompiled the phase sums of one-word blocks (H100, jax 0.11.2, 2026-11-22)
+
+
 def block_words(words: int) -> int | None:
-    """The block width the kernels use for rows of `words` words, or None if they cannot (the
-    Triton backend needs power-of-two blocks that divide the row)."""
+    """The block width the kernels use for rows of `words` words, or None if they cannot: the
+    Triton backend needs power-of-two blocks that divide the row, and narrow rows (under 512
+    qubits or shots) stay on the pure-JAX rules, where a kernel would gain nothing."""
     b = min(words, MAX_BLOCK_WORDS)
-    return b if b & (b - 1) == 0 and words % b == 0 else None
+    return b if b >= MIN_BLOCK_WORDS and b & (b - 1) == 0 and words % b == 0 else None
 
 
 def padded_words(words: int) -> int:
@@ -52,6 +57,11 @@ def kernel_mode(kernel: str, words: int) -> str:
     if kernel not in ("jax", "pallas", "interpret"):
         raise ValueError(f"kernel must be 'auto', 'jax', 'pallas' or 'interpret', not {kernel!r}")
     return kernel
+
+
+def _popcount(v):
+    """Bit counts of uint32 lanes, as int32 (Triton lowers popcount of signed words only)."""
+    return lax.population_count(lax.bitcast_convert_type(v, jnp.int32))
 
 
 def _mask(bit):
@@ -85,8 +95,7 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
                 carry = c1 & anti
                 c1 = c1 ^ anti
                 c2 = c2 ^ (anti & minus) ^ carry
-            phase = jnp.sum(lax.population_count(c1).astype(jnp.int32)) + 2 * jnp.sum(
-                lax.population_count(c2).astype(jnp.int32))
+            phase = jnp.sum(_popcount(c1)) + 2 * jnp.sum(_popcount(c2))
             outs.append((x, z, phase))
         def store(row, x, z):
             xs_ref[row, cols] = x
@@ -138,13 +147,10 @@ def _frame_kernel(q_ref, fwd_ref, x_in, z_in, x_ref, z_ref, *, bw):
         qb = jnp.maximum(q1, 0)
         bits = [x_ref[q0, cols], z_ref[q0, cols], x_ref[qb, cols] & two, z_ref[qb, cols] & two]
         outs = [jnp.zeros((bw,), jnp.uint32) for _ in range(4)]
-        for code in range(16):
-            minterm = bits[0] if code & 1 else ~bits[0]
-            for b in range(1, 4):
-                minterm = minterm & (bits[b] if (code >> b) & 1 else ~bits[b])
-            image = fwd_ref[code]
+        for gen in range(4):  # up to sign a Clifford is linear on the bits: XOR the generators' images
+            image = fwd_ref[1 << gen]
             for b in range(4):
-                outs[b] = outs[b] | (minterm & _mask((image >> b) & 1))
+                outs[b] = outs[b] ^ (bits[gen] & _mask((image >> b) & 1))
         x_ref[q0, cols] = outs[0]
         z_ref[q0, cols] = outs[1]
 
