@@ -118,7 +118,7 @@ def _products_jax(xs, zs, rows, codes):
     flat = jnp.where(keep, flat, xs.shape[0])  # inactive slots write nowhere
     xs = xs.at[flat].set(jnp.stack(outs_x, 1).reshape(flat.shape[0], -1), mode="drop")
     zs = zs.at[flat].set(jnp.stack(outs_z, 1).reshape(flat.shape[0], -1), mode="drop")
-    return xs, zs, jnp.stack(phases, 1) % 4
+    return xs, zs, jnp.where(rows[:, :1] >= 0, jnp.stack(phases, 1) % 4, 0)
 
 
 @partial(jax.jit, static_argnames=("arity", "kernel"), donate_argnums=(0,))
@@ -180,7 +180,15 @@ def _append_1q(t: Tableau, q, image, sign) -> Tableau:
     return Tableau(_set_bit(t.xs, q, new & 1), _set_bit(t.zs, q, (new >> 1) & 1), t.signs ^ (sign[code] < 0))
 
 
-def _collapse(t: Tableau, q, result):
+def _fan_out_jax(xs, zs, kmask, xp, zp):
+    """The pure-JAX rule of kernels.collapse_rows (same arguments and results, not in place)."""
+    zk = zs & kmask
+    before = _exclusive_prefix_xor(zk) ^ (jnp.uint32(0) - zp)[:, None]  # z of the pivot before each CX
+    flips = _popcount(zk & ~(xs ^ before)) & 1
+    return xs ^ (kmask & (jnp.uint32(0) - xp)[:, None]), flips, (_popcount(zk) & 1).astype(jnp.uint32)
+
+
+def _collapse(t: Tableau, q, result, kernel: str = "jax"):
     """Random Z_q measurement forced to `result`: Stim's collapse (see the module docstring)."""
     n = t.capacity
     row = t.xs[n + q]
@@ -189,15 +197,13 @@ def _collapse(t: Tableau, q, result):
     pivot = w * WORD + lax.population_count(low - jnp.uint32(1)).astype(jnp.int32)
     # CX(pivot, k) for every other k with an x bit in T(Z_q), appended to every row at once
     kmask = row.at[w].set(row[w] & ~low)
-    xp = _bit(t.xs, pivot).astype(bool)
-    zp = _bit(t.zs, pivot)
-    zk = t.zs & kmask
-    before = _exclusive_prefix_xor(zk) ^ (jnp.uint32(0) - zp)[:, None]  # z of the pivot before each CX
-    flips = _popcount(zk & ~(t.xs ^ before)) & 1
-    signs = t.signs ^ (xp & (flips == 1))
-    xs = t.xs ^ jnp.where(xp[:, None], kmask, jnp.uint32(0))
-    zs = _set_bit(t.zs, pivot, zp ^ (_popcount(zk) & 1).astype(jnp.uint32))
-    t = Tableau(xs, zs, signs)
+    xp, zp = _bit(t.xs, pivot), _bit(t.zs, pivot)
+    mode = kernels.kernel_mode(kernel, t.xs.shape[1])
+    if mode == "jax":
+        xs, flips, zpar = _fan_out_jax(t.xs, t.zs, kmask, xp, zp)
+    else:
+        xs, flips, zpar = kernels.collapse_rows(t.xs, t.zs, kmask, xp, zp, interpret=mode == "interpret")
+    t = Tableau(xs, _set_bit(t.zs, pivot, zp ^ zpar), t.signs ^ ((xp == 1) & (flips == 1)))
     # now T(Z_q) has a single x bit, at the pivot: rotate it to Z there
     use_yz = _bit(t.zs, pivot)[n + q] == 1
     image = jnp.where(use_yz, jnp.asarray(_H_YZ[0]), jnp.asarray(_H[0]))
@@ -208,10 +214,11 @@ def _collapse(t: Tableau, q, result):
     return t._replace(signs=t.signs ^ (fix & (_bit(t.zs, pivot) == 1)))
 
 
-@partial(jax.jit, donate_argnums=(0,))
-def measure_z(t: Tableau, q, random_result):
-    """Measure Z on qubit q. Returns (tableau, outcome, was_random); a random outcome is `random_result`."""
-    return _measure_z_inner(t, q, random_result)
+@partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
+def measure_z(t: Tableau, q, random_result, kernel: str = "auto"):
+    """Measure Z on qubit q. Returns (tableau, outcome, was_random); a random outcome is `random_result`.
+    kernel: as in `prepend` (the collapse's fan-out)."""
+    return _measure_z_inner(t, q, random_result, kernel)
 
 
 @jax.jit
@@ -240,7 +247,7 @@ def _op_gate(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
     return c._replace(t=prepend(c.t, row["q"], image, sign, row["active"], arity=2, kernel=kernel))
 
 
-def _op_measure(c: _Carry, row, key, noisy) -> _Carry:
+def _op_measure(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
     n = c.t.capacity
     scratch = c.record.shape[0] - 1
     k = row["q"].shape[0]
@@ -250,7 +257,7 @@ def _op_measure(c: _Carry, row, key, noisy) -> _Carry:
         def on(c):
             q = row["q"][j, 0]
             rec = jnp.where(row["rec"][j] >= 0, c.base + row["rec"][j], scratch)
-            t, result, _ = _measure_z_inner(c.t, q, c.guesses[rec])
+            t, result, _ = _measure_z_inner(c.t, q, c.guesses[rec], kernel)
             record = c.record.at[rec].set(result ^ row["invert"][j] ^ flips[j])
             signs = t.signs.at[n + q].set(jnp.where(row["reset"][j], False, t.signs[n + q]))
             return c._replace(t=t._replace(signs=signs), record=record)
@@ -307,10 +314,10 @@ def _op_mpad(c: _Carry, row, key, noisy) -> _Carry:
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
 
 
-def _measure_z_inner(t: Tableau, q, random_result):
+def _measure_z_inner(t: Tableau, q, random_result, kernel: str = "jax"):
     n = t.capacity
     was_random = jnp.any(t.xs[n + q] != 0)
-    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result), lambda s: s, t)
+    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result, kernel), lambda s: s, t)
     return t, t.signs[n + q], was_random
 
 
@@ -327,6 +334,7 @@ def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel
                jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
     ops = [partial(op, noisy=noisy) for op in _OPS]
     ops[0] = partial(_op_gate, noisy=noisy, kernel=kernel)
+    ops[1] = partial(_op_measure, noisy=noisy, kernel=kernel)
     c = run_segments(structure, tables, c, ops, key)
     return c.t, c.record[:m]
 

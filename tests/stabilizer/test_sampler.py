@@ -34,7 +34,7 @@ def test_noiseless_codes_never_fire(code):
     np.testing.assert_array_equal(reference_sample(Circuit(c)), c.reference_sample())
 
 
-@pytest.mark.parametrize("d", [3, 5])
+@pytest.mark.parametrize("d", [3, 5, 7])
 def test_noisy_surface_code_rates_match_stim(d):
     """Each detector's and the observable's firing rate within 5 sigma of Stim's (same shot count)."""
     c = _noisy("surface_code:rotated_memory_z", d, 0.01)
