@@ -150,6 +150,21 @@ class TableauSimulator:
         self._record.append(r)
         return r
 
+    def measure_kickback(self, q: int):
+        """Measure Z_q as Stim does: (result, kickback), the kickback a `stim.PauliString` that flips
+        between the two post-measurement states, or None when the result was determined (needs stim)."""
+        import stim
+
+        self._ensure([q])
+        guess = bool(self._rng.integers(2))
+        self._tableau, result, was_random, xs, zs = _t.measure_kickback_z(self._tableau, jnp.int32(q),
+                                                                           jnp.bool_(guess))
+        self._record.append(bool(result))
+        if not bool(was_random):
+            return bool(result), None
+        xs, zs = np.asarray(xs)[: self._n], np.asarray(zs)[: self._n]
+        return bool(result), stim.PauliString.from_numpy(xs=xs, zs=zs)
+
     def measure_many(self, *qubits: int) -> list[bool]:
         return [self.measure(q) for q in qubits]
 
@@ -214,7 +229,7 @@ class TableauSimulator:
 
     # ---- circuits --------------------------------------------------------------------------------
     def do(self, item) -> None:
-        """Run a Circuit, a stim.Circuit, an instruction or a repeat block."""
+        """Run a Circuit, a stim.Circuit, an instruction, a repeat block, or a stim.PauliString."""
         if isinstance(item, Circuit):
             if _instruction_count(item) >= PROGRAM_MIN_INSTRUCTIONS:
                 self._do_program(item)
@@ -228,6 +243,8 @@ class TableauSimulator:
             if item.line == 0:  # built in code: not checked by the parser yet
                 _validate(item, len(self._record))
             self._do_instruction(item)
+        elif type(item).__module__.startswith("stim") and type(item).__name__ == "PauliString":
+            self._paulis((q, "_XYZ"[p]) for q, p in enumerate(item) if p)  # its sign is a global phase
         elif type(item).__module__.startswith("stim"):
             self.do(Circuit(str(item)))
         else:

@@ -189,7 +189,8 @@ def _fan_out_jax(xs, zs, kmask, xp, zp):
 
 
 def _collapse(t: Tableau, q, result, kernel: str = "jax"):
-    """Random Z_q measurement forced to `result`: Stim's collapse (see the module docstring)."""
+    """Random Z_q measurement forced to `result`: Stim's collapse (see the module docstring).
+    Returns (tableau, pivot): X on the pivot at the start of time flips the outcome."""
     n = t.capacity
     row = t.xs[n + q]
     w = jnp.argmax(row != 0)
@@ -211,7 +212,7 @@ def _collapse(t: Tableau, q, result, kernel: str = "jax"):
     t = _append_1q(t, pivot, image, sign)
     # X at the start of time flips every row with a Z or Y at the pivot: sets the outcome
     fix = t.signs[n + q] != result
-    return t._replace(signs=t.signs ^ (fix & (_bit(t.zs, pivot) == 1)))
+    return t._replace(signs=t.signs ^ (fix & (_bit(t.zs, pivot) == 1))), pivot.astype(jnp.int32)
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
@@ -219,6 +220,21 @@ def measure_z(t: Tableau, q, random_result, kernel: str = "auto"):
     """Measure Z on qubit q. Returns (tableau, outcome, was_random); a random outcome is `random_result`.
     kernel: as in `prepend` (the collapse's fan-out)."""
     return _measure_z_inner(t, q, random_result, kernel)
+
+
+@partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
+def measure_kickback_z(t: Tableau, q, random_result, kernel: str = "auto"):
+    """`measure_z` that also returns the kickback of a random outcome: (tableau, outcome, was_random,
+    x bits (N,), z bits (N,)) of the Pauli U X_p U^dagger, p the collapse's pivot, which flips
+    between the two post-measurement states (Stim's measure_kickback; bits are 0 if determined).
+
+    Its bits are read off the pivot's column, with no inversion: the forward image F(X_p) has an x
+    on qubit j where it anticommutes with Z_j, that is where X_p anticommutes with T(Z_j) (z bit p of
+    row N + j), and a z on j where X_p anticommutes with T(X_j) (z bit p of row j)."""
+    n = t.capacity
+    t, result, was_random, pivot = _measure_z_inner(t, q, random_result, kernel, with_pivot=True)
+    column = (_bit(t.zs, pivot) == 1) & was_random
+    return t, result, was_random, column[n:], column[:n]
 
 
 @jax.jit
@@ -314,11 +330,13 @@ def _op_mpad(c: _Carry, row, key, noisy) -> _Carry:
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
 
 
-def _measure_z_inner(t: Tableau, q, random_result, kernel: str = "jax"):
+def _measure_z_inner(t: Tableau, q, random_result, kernel: str = "jax", with_pivot: bool = False):
     n = t.capacity
     was_random = jnp.any(t.xs[n + q] != 0)
-    t = lax.cond(was_random, lambda s: _collapse(s, q, random_result, kernel), lambda s: s, t)
-    return t, t.signs[n + q], was_random
+    t, pivot = lax.cond(was_random, lambda s: _collapse(s, q, random_result, kernel),
+                        lambda s: (s, jnp.zeros((), jnp.int32)), t)
+    out = (t, t.signs[n + q], was_random)
+    return out + (pivot,) if with_pivot else out
 
 
 @partial(jax.jit, static_argnames=("structure", "noisy", "kernel"), donate_argnums=(2,))

@@ -146,6 +146,41 @@ def test_gate_methods_by_stim_name_and_stim_circuits():
         sim.not_a_gate(0)
 
 
+def _canonical(sim: TableauSimulator):
+    check = stim.TableauSimulator()
+    check.set_inverse_tableau(sim.current_inverse_tableau())
+    return check.canonical_stabilizers()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_measure_kickback_flips_between_the_two_outcomes(seed):
+    """Random measurements return a kickback K: the state after outcome r, with K applied, is the
+    state after the other outcome. Determined outcomes return None, where Stim does."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    text = "\n".join(f"{g} " + " ".join(map(str, rng.choice(n, gate_action(g)[2], replace=False)))
+                     for g in rng.choice(STIM_GATES, 80)) + "\nM 0 1 2"
+    for q in rng.choice(n, 6, replace=False):
+        ref = stim.TableauSimulator()
+        ref.do(stim.Circuit(text))
+        _, ref_kick = ref.measure_kickback(int(q))
+        outcomes = []
+        for forced in (False, True):
+            sim = TableauSimulator(seed=seed, num_qubits=n)  # the same outcomes for M 0 1 2
+            sim.do(Circuit(text))
+            sim._rng = _Forced([int(forced)])
+            outcomes.append((sim, *sim.measure_kickback(int(q))))
+        (a, ra, kick), (b, rb, _) = outcomes
+        assert (kick is None) == (ref_kick is None)
+        if kick is None:
+            assert ra == rb
+            continue
+        assert (ra, rb) == (False, True) and a.current_measurement_record()[-1] is False
+        a.do(kick)
+        assert _canonical(a) == _canonical(b)
+        assert a.peek_z(int(q)) == -1
+
+
 def test_stim_api_methods():
     sim = TableauSimulator(seed=4)
     sim.reset_x(0)
