@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -122,22 +123,32 @@ def _rotation(buf, row, params, trunc, capacity):
     if not _m.x64():
         return full(buf)
 
-    def incremental(b):
+    def incremental(b, room):
         ok, (x, z, c, s, live, keys, dropped) = _m.insert_merge(
-            b.x, b.z, b.coeffs, b.sins, b.live, b.keys, gx, gz, cos, sin, trunc, capacity, _insert_room(capacity))
+            b.x, b.z, b.coeffs, b.sins, b.live, b.keys, gx, gz, cos, sin, trunc, capacity, room)
         merged = _Buffer(x, z, c, s, live, keys, jnp.ones((), bool), b.dropped + dropped)
         return lax.cond(ok, lambda _: merged, full, b)
 
-    return lax.cond(buf.ordered, incremental, full, buf)
+    rooms = _insert_rooms(capacity)
+    if len(rooms) == 1:
+        return lax.cond(buf.ordered, partial(incremental, room=rooms[0]), full, buf)
+    splitting = jnp.sum(buf.live & _w.anticommutes(buf.x, buf.z, gx, gz))
+    smallest_fit = jnp.sum(splitting > jnp.asarray(rooms[:-1]))  # the smallest room that holds them
+    branches = [partial(incremental, room=r) for r in rooms] + [full]
+    return lax.switch(jnp.where(buf.ordered, smallest_fit, len(rooms)), branches, buf)
 
 
-def _insert_room(capacity: int) -> int:
-    """New-word slots of the incremental merge: half the capacity (more splits take the full merge).
+def _insert_rooms(capacity: int) -> tuple[int, ...]:
+    """New-word slot counts of the incremental merge, smallest first: a rotation takes the smallest
+    that holds its splitting words (the merge's cost follows the room); more than the largest, half
+    the capacity, take the full merge.
 
     Measured on the 127-qubit kicked Ising (Z62, 20 steps, 1e5 terms, 2-core CPU): up to half the
-    words anticommute with a central qubit's RX; room C/4 took 31.7 s, C/2 25.3 s, 3C/4 28.9 s.
+    words anticommute with a central qubit's RX; one room of C/4 took 31.7 s, C/2 25.3 s, 3C/4 28.9 s;
+    the four rooms C/16..C/2 took 18 s (experiments/README.md, "CPU engine").
     """
-    return max(16, capacity // 2)
+    top = max(16, capacity // 2)
+    return tuple(r for r in (top // 8, top // 4, top // 2) if r >= 1024) + (top,)
 
 
 def _quarter(buf, row, params, trunc, capacity):

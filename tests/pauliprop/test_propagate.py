@@ -143,6 +143,26 @@ def test_bloch_vector_states_match_the_density_matrix(case, data):
     assert abs(val - R.dense_expectation(build(n, ops), _merge(terms), params, bloch)) < 1e-10
 
 
+def test_rotations_take_the_smallest_insert_room_and_stay_exact():
+    """A rotation merges its new words in the smallest room that holds them (rooms grow by 2x up to
+    half the capacity); with thousands of splitting words per rotation, several rooms are used and
+    the untruncated value still equals the state vector."""
+    from pauliprop.propagate import _insert_rooms
+
+    assert _insert_rooms(1 << 14) == (1024, 2048, 4096, 8192)
+    assert _insert_rooms(1 << 10) == (512,)
+    rng = np.random.default_rng(3)
+    n = 9
+    labels = {"".join(rng.choice(list("IXYZ"), n)) for _ in range(3000)}
+    h = pp.PauliSum.from_labels({lab: float(rng.normal()) for lab in sorted(labels)})
+    c = pp.Circuit(n).h(2).rx(0, 0.3).cx(1, 6).ry(3, 0.5).rzz(1, 5, 0.2)  # about 1500, 2250, 3400 splits
+    params = jnp.zeros(0)
+    val, stats = pp.expectation(c, h, params, capacity=1 << 14, return_stats=True)
+    assert not bool(stats.overflow) and int(stats.max_terms_seen) > 2048
+    exact = pp.expectation(c, h, params, method="statevector")
+    assert abs(float(val) - float(exact)) < 1e-9 * max(1.0, abs(float(exact)))
+
+
 def test_stats_report_terms_per_operation():
     n = 4
     c, h = fixed_unitary_circuit(n), fixed_observable(n)
