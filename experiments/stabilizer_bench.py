@@ -8,7 +8,8 @@ Workloads:
            `depth` layers, each qubit in one gate per layer; gates only (the tableau workload),
            optionally then measuring every qubit (--measure-all).
 
-Tools: ours (Pallas kernels on GPUs), ours-jax (the pure-JAX rules, STABILIZER_KERNEL=jax), stim, quasarq.
+Tools: ours (defaults: the Pallas kernels that are on by default on GPUs), ours-jax (every kernel off,
+STABILIZER_KERNEL=jax), stim, quasarq.
 Each (tool, workload) runs in its own subprocess with a time limit, so a crash (QuaSARQ 1.7.2
 aborts on some circuits) or a timeout is recorded as a result instead of ending the run.
 Times: `first_s` is the first call (compiles included), `seconds` the best of the later calls.

@@ -612,11 +612,7 @@ def _check_plain(ins: CircuitInstruction, where: str):
         if qs.size and qs.max() > 1:
             raise CircuitError(f"{where}: targets are the padded values 0 or 1, got '{qs.max()}'")
     elif ins.definition.arity == 2:
-        if len(qs) % 2:
-            raise CircuitError(f"{where}: a two-qubit instruction needs an even number of targets, got {len(qs)}")
-        same = qs[::2][qs[::2] == qs[1::2]]
-        if same.size:
-            raise CircuitError(f"{where}: a pair acts twice on qubit {same[0]}")
+        _check_pairs(ins, where)
 
 
 def _check_probabilities(ins: CircuitInstruction, where: str):
@@ -629,11 +625,14 @@ def _check_probabilities(ins: CircuitInstruction, where: str):
 
 
 def _check_pairs(ins: CircuitInstruction, where: str):
-    ts = ins.targets
-    if len(ts) % 2:
-        raise CircuitError(f"{where}: a two-qubit instruction needs an even number of targets, got {len(ts)}")
-    firsts, seconds = [t.qubit_value for t in ts[::2]], [t.qubit_value for t in ts[1::2]]
-    same = [a for a, b in zip(firsts, seconds) if a is not None and a == b]
+    if len(ins) % 2:
+        raise CircuitError(f"{where}: a two-qubit instruction needs an even number of targets, got {len(ins)}")
+    qs = ins.qubit_array
+    if qs is not None:  # plain qubits: compared as arrays
+        same = qs[::2][qs[::2] == qs[1::2]].tolist()
+    else:
+        firsts, seconds = [t.qubit_value for t in ins.targets[::2]], [t.qubit_value for t in ins.targets[1::2]]
+        same = [a for a, b in zip(firsts, seconds) if a is not None and a == b]
     if same:
         raise CircuitError(f"{where}: a pair acts twice on qubit {same[0]}")
 

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import kernels
-from .kernels import kernel_mode
-from .program import pair_codes, run_segments
+from .program import GATE, pair_codes, run_segments
 
 
 class Frames(NamedTuple):
@@ -159,6 +158,6 @@ def run_program(structure, tables, key, num_qubits: int, num_measurements: int, 
     ops = list(_OPS)
     # the frame kernel is not the default: XLA's fused rule was 10-20% faster on the surface-code
     # benchmark (H100, 2026-11-22, experiments/results/stabilizer_surface_h100_*.json, ours-kernel)
-    ops[0] = partial(_op_gate, kernel=kernel_mode(kernel, words, on_gpu="jax"))
+    ops[GATE] = partial(_op_gate, kernel=kernels.kernel_mode(kernel, words, on_gpu="jax"))
     carry = run_segments(structure, tables, carry, ops, key)
     return carry.record[:num_measurements]

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from . import kernels
-from .program import pair_codes, run_segments
+from .program import GATE, MEASURE, pair_codes, run_segments
 
 WORD = 32
 
@@ -351,8 +351,8 @@ def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel
     c = _Carry(t, jnp.zeros(m + 1, bool), jnp.zeros((), jnp.int32), jnp.concatenate([guesses, jnp.zeros(1, bool)]),
                jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
     ops = [partial(op, noisy=noisy) for op in _OPS]
-    ops[0] = partial(_op_gate, noisy=noisy, kernel=kernel)
-    ops[1] = partial(_op_measure, noisy=noisy, kernel=kernel)
+    ops[GATE] = partial(_op_gate, noisy=noisy, kernel=kernel)
+    ops[MEASURE] = partial(_op_measure, noisy=noisy, kernel=kernel)
     c = run_segments(structure, tables, c, ops, key)
     return c.t, c.record[:m]
 
