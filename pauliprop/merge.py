@@ -1,19 +1,20 @@
-"""Duplicate merging, truncation and prefix-sum compaction of the term buffer.
+"""Duplicate merging, truncation and compaction of the term buffer.
 
-Two ways to merge, chosen per gate:
+The buffer holds distinct live words in arbitrary slots (dead slots are free). Two ways to merge:
 
-* `full_merge`: sort all candidates (old terms and new partners) by a 64-bit fingerprint key, sum
-  runs of equal words, truncate, compact. O(N log N); needed after Cliffords, which move words.
-* `insert_merge`: the buffer is kept sorted by key, so a rotation only sorts its new partner words
-  (the anticommuting fraction), binary-searches them into the buffer, adds coefficients of words
-  already there and splices the rest in by prefix sums. O(M log M + N) for M new words.
+* `pair_split`, every rotation: a word P that anticommutes with the generator G meets only its partner
+  P xor G, which anticommutes too. So a rotation gathers its M splitting words, sorts them by the
+  pair's canonical member, mixes each pair in place and spawns the missing partners into free slots:
+  O(M log M) plus a few streaming passes over the buffer, whatever its size.
+* `full_merge`: sort all candidates by a 64-bit fingerprint key, sum runs of equal words, truncate,
+  compact. O(N log N); for the initial observable (which may repeat words) and amplitude damping
+  (whose new words may equal any word).
 
-Measured (DESIGN.md section 4 and experiments/README.md): XLA sorts one uint64 key fast on
-both backends, but a key with a payload 6x slower on CPUs; so on CPUs the slot index is packed into
-the key's low bits, and on GPUs it is a payload. Fingerprints can collide: equal keys are checked
-word by word and a collision sends the gate to an exact lexicographic sort, so results never
-depend on hash luck. Without jax_enable_x64 the merge always takes the full path with a two-key
-uint32 sort (slower, same results).
+Measured (DESIGN.md section 4 and experiments/README.md): XLA sorts one uint64 key fast on both
+backends, but a key with a payload 6x slower on CPUs; so on CPUs the slot index is packed into the
+key's low bits, and on GPUs it is a payload. Fingerprints can collide: equal keys are checked word
+by word and a collision sends the sort to an exact lexicographic one, so results never depend on hash
+luck. Without jax_enable_x64 the sort takes two uint32 fingerprint keys (slower, same results).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def x64() -> bool:
     return bool(jax.config.jax_enable_x64)
 
 
-def index_bits(capacity: int) -> int:
-    """Low key bits reserved for the slot index on CPUs (room for the 2*capacity candidates)."""
-    return max(1, (2 * capacity - 1).bit_length()) if on_cpu() else 0
+def index_bits(n: int) -> int:
+    """Low key bits reserved for the index of n sorted items on CPUs (GPUs sort it as a payload)."""
+    return max(1, (n - 1).bit_length()) if on_cpu() else 0
 
 
 def sort_keys(x, z, live, nbits: int):
@@ -77,14 +78,13 @@ def _same_as_previous(xs, zs, ls):
 def _truncate_and_compact(parts, truncation, capacity):
     """Apply the truncation rules to merged candidates and compact the survivors, in order.
 
-    `parts` is a list of candidate groups, each a tuple (slots, x, z, coeffs, sins, keys,
-    candidate); `slots` give every candidate of every group a distinct position in one order, and
+    `parts` is a list of candidate groups, each a tuple (slots, x, z, coeffs, sins, candidate); `slots` give every candidate of every group a distinct position in one order, and
     survivors are written to the front of `capacity` slots in that order. Groups are scattered
     separately, so large arrays are never concatenated.
-    Returns (x, z, coeffs, sins, live, keys, dropped[5]).
+    Returns (x, z, coeffs, sins, live, dropped[5]).
     """
     keeps, mags, weights, dropped = [], [], [], []
-    for slots, x, z, c, s, keys, candidate in parts:
+    for slots, x, z, c, s, candidate in parts:
         weights.append(_w.weight(x, z))
         drop_w, drop_c, drop_s = _t.violations(truncation, c, weights[-1], s)
         # zero coefficients stay: their words carry derivatives (sin(a) c at a = 0); min_abs_coeff drops them
@@ -110,25 +110,22 @@ def _truncate_and_compact(parts, truncation, capacity):
     for (slots, *_), cp in zip(parts, capped_parts):
         in_order = in_order.at[slots].set(cp)
     rank = prefix_count(in_order) - 1
-    _, x0, z0, c0, s0, k0, _ = parts[0]
-    dead_key = DEAD_KEY if k0.dtype == jnp.uint64 else 0  # without x64 the keys are unused zeros
-    outs = [jnp.zeros((capacity,) + a.shape[1:], a.dtype) for a in (x0, z0, c0, s0)]
-    outs.append(jnp.full(capacity, dead_key, k0.dtype))
+    outs = [jnp.zeros((capacity,) + a.shape[1:], a.dtype) for a in parts[0][1:5]]
     for (slots, *payload), cp in zip(parts, capped_parts):
         dest = jnp.where(cp, rank[slots], capacity)
-        outs = [o.at[dest].set(a, mode="drop") for o, a in zip(outs, payload[:5])]
-    x, z, c, s, keys = outs
-    return x, z, c, s, jnp.arange(capacity) < jnp.sum(capped), keys, dropped
+        outs = [o.at[dest].set(a, mode="drop") for o, a in zip(outs, payload[:4])]
+    x, z, c, s = outs
+    return x, z, c, s, jnp.arange(capacity) < jnp.sum(capped), dropped
 
 
 def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int):
     """Merge duplicates among all live candidates, truncate, compact into `capacity` slots.
 
-    Returns (x, z, coeffs, sins, live, keys, sorted_by_key, dropped). keys is None without x64.
+    Returns (x, z, coeffs, sins, live, dropped).
     """
     m = x.shape[0]
     if x64():
-        nbits = index_bits(capacity)
+        nbits = index_bits(m)
         keys = sort_keys(x, z, live, nbits)
         order = argsort_keys(keys, nbits)
         ks = keys[order]
@@ -139,7 +136,6 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
         hs1, hs2, ls_ = h1[order], h2[order], live[order]
         same_key = jnp.concatenate([jnp.zeros(1, bool), (hs1[1:] == hs1[:-1]) & (hs2[1:] == hs2[:-1])
                                     & ls_[1:] & ls_[:-1]])
-        keys = None
     xs, zs, ls = x[order], z[order], live[order]
     collision = jnp.any(same_key & ~_same_as_previous(xs, zs, ls))
 
@@ -158,62 +154,128 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
     run_coeff = jnp.zeros(m, cs.dtype).at[run].add(cs)
     big = jnp.iinfo(jnp.int32).max
     run_sins = jnp.full(m, big, jnp.int32).at[run].min(jnp.where(ls, ss, big))
-    ks = keys[order] if keys is not None else jnp.zeros(m, jnp.uint32)
-    x_, z_, c_, s_, live_, keys_, dropped = _truncate_and_compact(
-        [(jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], ks, head)], truncation, capacity)
-    return x_, z_, c_, s_, live_, keys_ if keys is not None else None, ~collision, dropped
+    return _truncate_and_compact([(jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], head)], truncation,
+                                 capacity)
 
 
-def insert_merge(x, z, coeffs, sins, live, keys, gx, gz, cos, sin, truncation: _t.Truncation, capacity: int,
-                 room: int):
-    """Rotation exp(-i a/2 G) on a key-sorted buffer, merging only the new partner words.
+def first_set(mask, k: int):
+    """Indices of the first k True entries of mask, in order; len(mask) fills the unused tail.
 
-    Words anticommuting with G keep cos * c and spawn G xor P with sin * sign * c. At most `room`
-    new words are handled here. Returns (ok, (x, z, coeffs, sins, live, keys, dropped)); ok is False
-    when more than `room` words split or a fingerprint collides, and the caller falls back to
-    `full_merge`.
+    A prefix count costs 1.1-1.7 ms at 1.3e5 slots on the 2-core CPU; for k <= n/8 the CPU instead
+    packs the mask into 32-bit words, counts their bits, and finds each output's word by binary
+    search and its bit by a 5-step popcount search: 0.2-0.4 ms (GPUs keep the native scan).
+    """
+    n = mask.shape[0]
+    if not on_cpu() or 8 * k > n:
+        dest = jnp.where(mask, prefix_count(mask) - 1, k)
+        return jnp.full(k, n, jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+    bits = jnp.pad(mask, (0, -n % 32)).reshape(-1, 32).astype(jnp.uint32)
+    packed = jnp.sum(bits << jnp.arange(32, dtype=jnp.uint32), axis=1, dtype=jnp.uint32)
+    count = lax.population_count(packed).astype(jnp.int32)
+    upto = jnp.cumsum(count)
+    j = jnp.arange(k, dtype=jnp.int32)
+    word_at = jnp.searchsorted(upto, j, side="right", method="scan").astype(jnp.int32)
+    w = jnp.minimum(word_at, packed.shape[0] - 1)
+    rank, word, pos = j - (upto[w] - count[w]), packed[w], jnp.zeros(k, jnp.int32)
+    for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the word
+        low = lax.population_count(word & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
+        up = rank >= low
+        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
+    return jnp.where(word_at < packed.shape[0], w * 32 + pos, n)
+
+
+def _pivot(gx, gz):
+    """One site bit of G (its lowest): (lane, mask, on_x). P and P xor G differ there, so 'that bit is 0'
+    picks one member of every pair {P, P xor G}."""
+    g = gx | gz
+    lane = jnp.argmax(g != 0)
+    mask = g[lane] & (~g[lane] + jnp.uint32(1))
+    return lane, mask, (gx[lane] & mask) != 0
+
+
+def pair_split(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Truncation, capacity: int,
+               room: int):
+    """Rotation exp(-i a/2 G) on a buffer of distinct live words, touching only the splitting words.
+
+    A word P that anticommutes with G keeps cos * c and feeds sin * sign * c to P xor G, which also
+    anticommutes with G: so every merge happens inside the splitting set A. Sorting A (at most `room`
+    words, the caller's choice) by the pair's canonical member puts each pair {P, P xor G} side by side;
+    a pair mixes in place, an unpaired word spawns its partner into a free slot. Nothing else moves, and
+    only A and the spawned words can break a truncation rule; the largest-terms cut, when it applies,
+    is the one pass over the whole buffer.
+    Returns (x, z, coeffs, sins, live, dropped[5]).
     """
     cap = x.shape[0]
-    nbits = index_bits(capacity)
-    ac = live & _w.anticommutes(x, z, gx, gz)
-    n_new = jnp.sum(ac)
-    # gather the anticommuting terms into `room` slots
-    src = jnp.full(room, cap, jnp.int32).at[jnp.where(ac, prefix_count(ac) - 1, room)].set(
-        jnp.arange(cap, dtype=jnp.int32), mode="drop")
+    src = first_set(ac, room)
     valid = src < cap
-    srcc = jnp.minimum(src, cap - 1)
-    ox, oz = x[srcc], z[srcc]
-    sign = _w.product_sign(ox, oz, gx, gz).astype(coeffs.dtype)
-    nx, nz = ox ^ gx, oz ^ gz
-    nc = jnp.where(valid, sin * sign * coeffs[srcc], 0)
-    ns = sins[srcc] + 1
-    nkeys = sort_keys(nx, nz, valid, nbits)
-    order = argsort_keys(nkeys, nbits)
-    nx, nz, nc, ns, nkeys, valid = nx[order], nz[order], nc[order], ns[order], nkeys[order], valid[order]
+    s = jnp.minimum(src, cap - 1)
+    px, pz, pc, ps = x[s], z[s], coeffs[s], sins[s]
+    lane, mask, on_x = _pivot(gx, gz)
+    flip = (jnp.where(on_x, px[:, lane], pz[:, lane]) & mask) != 0
+    qx, qz = jnp.where(flip[:, None], px ^ gx, px), jnp.where(flip[:, None], pz ^ gz, pz)  # canonical member
 
-    # binary search each new word in the sorted buffer
-    pos = jnp.searchsorted(keys, nkeys, side="left", method="scan").astype(jnp.int32)
-    posc = jnp.minimum(pos, cap - 1)
-    key_hit = valid & (pos < cap) & (keys[posc] == nkeys)
-    word_hit = jnp.all(x[posc] == nx, axis=1) & jnp.all(z[posc] == nz, axis=1)
-    found = key_hit & word_hit
-    # distinct new words with equal keys would break the key order's uniqueness
-    twin = jnp.any((nkeys[1:] == nkeys[:-1]) & valid[1:] & valid[:-1])
-    collision = jnp.any(key_hit & ~word_hit) | twin
-    # a hit on a dead-but-kept slot revives it (its coefficient is 0)
-    old_c = jnp.where(ac, cos * coeffs, coeffs).at[jnp.where(found, pos, cap)].add(nc, mode="drop")
-    old_s = sins.at[jnp.where(found, pos, cap)].min(ns, mode="drop")
-    old_live = live.at[jnp.where(found, pos, cap)].set(True, mode="drop")
+    if x64():
+        nbits = index_bits(room)
+        keys = sort_keys(qx, qz, valid, nbits)
+        order = argsort_keys(keys, nbits)
+        same_key = keys[order][1:] == keys[order][:-1]
+    else:
+        h1, h2 = _w.fingerprint(qx, qz)
+        order = _fingerprint_order_32(h1, h2, valid)
+        same_key = (h1[order][1:] == h1[order][:-1]) & (h2[order][1:] == h2[order][:-1])
+    vo = valid[order]
+    same_word = lambda o: (jnp.all(qx[o][1:] == qx[o][:-1], axis=1) & jnp.all(qz[o][1:] == qz[o][:-1], axis=1)
+                           & valid[o][1:] & valid[o][:-1])
+    # equal keys of different words could interleave two pairs: then order exactly by the words
+    collision = jnp.any(same_key & vo[1:] & vo[:-1] & ~same_word(order))
+    order = lax.cond(collision, lambda o: _exact_order(qx, qz, valid), lambda o: o, order)
+    px, pz, pc, ps, src, valid = px[order], pz[order], pc[order], ps[order], src[order], valid[order]
+    pair_next = same_word(order)
+    no = jnp.zeros(1, bool)
+    with_next, with_prev = jnp.concatenate([pair_next, no]), jnp.concatenate([no, pair_next])
+    paired = with_next | with_prev
+    i = jnp.arange(room)
+    partner = jnp.where(with_next, i + 1, jnp.where(with_prev, i - 1, i))
+    feed = sin * _w.product_sign(px, pz, gx, gz).astype(pc.dtype) * pc  # i G P = sign (P xor G)
+    new_c = jnp.where(valid, cos * pc + jnp.where(paired, feed[partner], 0), 0)
+    new_s = jnp.where(paired, jnp.minimum(ps, ps[partner] + 1), ps)
+    spawn = valid & ~paired
+    sx, sz, sc, ss = px ^ gx, pz ^ gz, jnp.where(spawn, feed, 0), ps + 1
 
-    # splice the inserted words: old slot i moves up by the number of inserted words with pos <= i
-    inserted = valid & ~found
-    # (several inserted words can share a pos)
-    shift = prefix_count(jnp.zeros(cap, jnp.int32).at[jnp.where(inserted, pos, cap)].add(1, mode="drop"))
-    old_slot = jnp.arange(cap, dtype=jnp.int32) + shift
-    new_slot = pos + prefix_count(inserted) - 1
-    # unused new slots are parked after every used position (they are not candidates)
-    parked = cap + room - prefix_count(~inserted)
-    new_slot = jnp.where(inserted, new_slot, parked)
-    result = _truncate_and_compact([(old_slot, x, z, old_c, old_s, keys, old_live),
-                                    (new_slot, nx, nz, nc, ns, nkeys, inserted)], truncation, capacity)
-    return (n_new <= room) & ~collision, result
+    # truncation rules on the touched words (the rest satisfied them already)
+    dropped = jnp.zeros(5, coeffs.dtype)
+    keeps = []
+    for cand, cx, cz, cc, cs in ((valid, px, pz, new_c, new_s), (spawn, sx, sz, sc, ss)):
+        drop_w, drop_c, drop_s = _t.violations(truncation, cc, _w.weight(cx, cz), cs)
+        mag = jnp.abs(cc)
+        dropped = dropped.at[:3].add(jnp.stack([jnp.sum(jnp.where(cand & d, mag, 0)) for d in (drop_w, drop_c, drop_s)]))
+        keeps.append(cand & ~drop_w & ~drop_c & ~drop_s)
+    keep_old, keep_new = keeps
+    at = jnp.where(valid, src, cap)
+    coeffs = coeffs.at[at].set(jnp.where(keep_old, new_c, 0), mode="drop")
+    sins = sins.at[at].set(new_s, mode="drop")
+    live = live.at[at].set(keep_old, mode="drop")
+
+    # keep the largest terms when the survivors exceed max_terms (or the capacity)
+    limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
+
+    def cut(args):
+        live, keep_new = args
+        mag = jnp.concatenate([jnp.abs(coeffs), jnp.abs(sc)])
+        mask = jnp.concatenate([live, keep_new])
+        kept = _t.keep_largest(mag, mask, limit, tiebreak=jnp.concatenate([_w.weight(x, z), _w.weight(sx, sz)]))
+        return kept[:cap], kept[cap:], jnp.sum(jnp.where(mask & ~kept, mag, 0))
+
+    live, keep_new, cap_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > limit, cut,
+                                        lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
+    is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
+    dropped = dropped.at[3 if is_max_terms else 4].add(cap_norm)
+    coeffs = jnp.where(live, coeffs, 0)
+
+    # spawned survivors take the first free slots (there are enough: survivors <= limit <= capacity)
+    free = first_set(~live, room)
+    dest = jnp.where(keep_new, free[jnp.clip(prefix_count(keep_new) - 1, 0, room - 1)], cap)
+    x, z = x.at[dest].set(sx, mode="drop"), z.at[dest].set(sz, mode="drop")
+    coeffs, sins = coeffs.at[dest].set(sc, mode="drop"), sins.at[dest].set(ss, mode="drop")
+    live = live.at[dest].set(True, mode="drop")
+    return x, z, coeffs, sins, live, dropped

@@ -51,13 +51,8 @@ class _Buffer(NamedTuple):
     z: jax.Array  # (C, W) uint32
     coeffs: jax.Array  # (C,)
     sins: jax.Array  # (C,) int32, sine branches taken
-    live: jax.Array  # (C,) bool
-    keys: jax.Array  # (C,) uint64 merge keys (x64), valid while `ordered`; (C,) zeros otherwise
-    ordered: jax.Array  # bool: the live words sit in increasing key order (see merge.insert_merge)
+    live: jax.Array  # (C,) bool; the live words are distinct, dead slots are free
     dropped: jax.Array  # (5,) 1-norm dropped per truncation rule
-
-
-_NO_SINS = jnp.iinfo(jnp.int32).max  # sins of a dropped slot, so a revived slot takes the new count
 
 
 def _angle(row, params):
@@ -67,7 +62,7 @@ def _angle(row, params):
 
 
 def _drop_rules(buf: _Buffer, trunc: _t.Truncation) -> _Buffer:
-    """Apply the per-term rules in place (no compaction: dead slots are reclaimed by the next merge)."""
+    """Apply the per-term rules in place (a dropped slot becomes free)."""
     if trunc.max_weight is None and trunc.min_abs_coeff is None:
         return buf
     drop_w, drop_c, _ = _t.violations(trunc, buf.coeffs, _w.weight(buf.x, buf.z), buf.sins)
@@ -75,80 +70,104 @@ def _drop_rules(buf: _Buffer, trunc: _t.Truncation) -> _Buffer:
     mag = jnp.abs(buf.coeffs)
     dropped = buf.dropped.at[0].add(jnp.sum(jnp.where(drop_w, mag, 0))).at[1].add(jnp.sum(jnp.where(drop_c, mag, 0)))
     gone = drop_w | drop_c
-    return buf._replace(coeffs=jnp.where(gone, 0, buf.coeffs), live=buf.live & ~gone,
-                        sins=jnp.where(gone, _NO_SINS, buf.sins), dropped=dropped)
+    return buf._replace(coeffs=jnp.where(gone, 0, buf.coeffs), live=buf.live & ~gone, dropped=dropped)
 
 
-def _local_code(buf, a, b):
-    return (_w.get_site(buf.x, a) | _w.get_site(buf.z, a) << 1 | _w.get_site(buf.x, b) << 2
-            | _w.get_site(buf.z, b) << 3).astype(jnp.int32)
+def _local_code(x, z, a, b):
+    return (_w.get_site(x, a) | _w.get_site(z, a) << 1 | _w.get_site(x, b) << 2
+            | _w.get_site(z, b) << 3).astype(jnp.int32)
+
+
+def _remap(buf, touched, image, trunc, capacity):
+    """Apply a word map (a Clifford: it permutes signed words) to the `touched` live words.
+
+    image(x, z, coeffs) -> (x, z, coeffs). None touched: nothing to do (common outside the light
+    cone). A few (up to C/16): they are gathered into the smallest room that holds them, so the cost
+    follows their count. More: one pass over the buffer, which measured faster than gathering them.
+    Magnitudes and sine counts stay, so only max_weight can drop a moved word.
+    """
+    count = jnp.sum(touched)
+
+    def heavy_out(b, x, z, c, mask, at):
+        heavy = mask & (_w.weight(x, z) > trunc.max_weight)
+        return (b.dropped.at[0].add(jnp.sum(jnp.where(heavy, jnp.abs(c), 0))),
+                b.live.at[at].set(b.live[at] & ~heavy, mode="drop") if at is not None else b.live & ~heavy,
+                jnp.where(heavy, 0, c))
+
+    def gathered(b, room):
+        src = _m.first_set(touched, room)
+        at = jnp.where(src < capacity, src, capacity)
+        s = jnp.minimum(src, capacity - 1)
+        x, z, c = image(b.x[s], b.z[s], b.coeffs[s])
+        live, dropped = b.live, b.dropped
+        if trunc.max_weight is not None:
+            dropped, live, c = heavy_out(b, x, z, c, src < capacity, at)
+        return b._replace(x=b.x.at[at].set(x, mode="drop"), z=b.z.at[at].set(z, mode="drop"),
+                          coeffs=b.coeffs.at[at].set(c, mode="drop"), live=live, dropped=dropped)
+
+    def everywhere(b):
+        x, z, c = image(b.x, b.z, b.coeffs)
+        x, z = jnp.where(touched[:, None], x, b.x), jnp.where(touched[:, None], z, b.z)
+        c = jnp.where(touched, c, b.coeffs)
+        live, dropped = b.live, b.dropped
+        if trunc.max_weight is not None:
+            dropped, live, c = heavy_out(b, x, z, c, touched, None)
+        return b._replace(x=x, z=z, coeffs=c, live=live, dropped=dropped)
+
+    rooms = tuple(r for r in (capacity // 64, capacity // 16) if r >= 256)
+    pick = jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms)))
+    return lax.switch(pick, [lambda b: b] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
 
 
 def _clifford(buf, row, params, trunc, capacity):
     a, b = row["qubits"][0], row["qubits"][1]
-    code = _local_code(buf, a, b)
-    img = row["table"][code].astype(jnp.uint32)
-    one = jnp.uint32(1)
-    x = _w.set_site(buf.x, a, img & one)
-    z = _w.set_site(buf.z, a, (img >> 1) & one)
-    x = _w.set_site(x, b, (img >> 2) & one)
-    z = _w.set_site(z, b, (img >> 3) & one)
-    coeffs = buf.coeffs * row["sign"][code].astype(buf.coeffs.dtype)
-    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs, ordered=jnp.zeros((), bool)), trunc)
+
+    def image(x, z, c):
+        code = _local_code(x, z, a, b)
+        img = row["table"][code].astype(jnp.uint32)
+        one = jnp.uint32(1)
+        x = _w.set_site(_w.set_site(x, a, img & one), b, (img >> 2) & one)
+        z = _w.set_site(_w.set_site(z, a, (img >> 1) & one), b, (img >> 3) & one)
+        return x, z, c * row["sign"][code].astype(c.dtype)
+
+    # words that are the identity on both sites stay where they are
+    return _remap(buf, buf.live & (_local_code(buf.x, buf.z, a, b) != 0), image, trunc, capacity)
 
 
 def _split(buf, new_x, new_z, new_coeffs, new_sins, new_live, old_coeffs, trunc, capacity):
-    """Old terms (with updated coefficients) plus new partner terms -> merged, truncated buffer."""
+    """Old terms (with updated coefficients) plus new terms -> merged, truncated buffer."""
     cat = lambda a, b: jnp.concatenate([a, b])
-    x, z, c, s, live, keys, ordered, dropped = _m.full_merge(
+    x, z, c, s, live, dropped = _m.full_merge(
         cat(buf.x, new_x), cat(buf.z, new_z), cat(old_coeffs, new_coeffs), cat(buf.sins, new_sins),
         cat(buf.live, new_live), trunc, capacity)
-    if keys is None:  # no x64: no merge keys, the buffer is never key-ordered
-        keys, ordered = buf.keys, jnp.zeros((), bool)
-    return _Buffer(x, z, c, s, live, keys, ordered, buf.dropped + dropped)
+    return _Buffer(x, z, c, s, live, buf.dropped + dropped)
 
 
 def _rotation(buf, row, params, trunc, capacity):
     angle = _angle(row, params).astype(buf.coeffs.dtype)
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     gx, gz = row["gx"], row["gz"]
+    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+    splitting = jnp.sum(ac)
 
-    def full(b):
-        ac = b.live & _w.anticommutes(b.x, b.z, gx, gz)
-        sign = _w.product_sign(b.x, b.z, gx, gz).astype(b.coeffs.dtype)
-        old = jnp.where(ac, cos * b.coeffs, b.coeffs)
-        new = jnp.where(ac, sin * sign * b.coeffs, 0)
-        return _split(b, b.x ^ gx, b.z ^ gz, new, b.sins + 1, ac, old, trunc, capacity)
+    def split(b, room):
+        x, z, c, s, live, dropped = _m.pair_split(b.x, b.z, b.coeffs, b.sins, b.live, ac, gx, gz, cos, sin, trunc,
+                                                  capacity, room)
+        return _Buffer(x, z, c, s, live, b.dropped + dropped)
 
-    if not _m.x64():
-        return full(buf)
-
-    def incremental(b, room):
-        ok, (x, z, c, s, live, keys, dropped) = _m.insert_merge(
-            b.x, b.z, b.coeffs, b.sins, b.live, b.keys, gx, gz, cos, sin, trunc, capacity, room)
-        merged = _Buffer(x, z, c, s, live, keys, jnp.ones((), bool), b.dropped + dropped)
-        return lax.cond(ok, lambda _: merged, full, b)
-
-    rooms = _insert_rooms(capacity)
-    if len(rooms) == 1:
-        return lax.cond(buf.ordered, partial(incremental, room=rooms[0]), full, buf)
-    splitting = jnp.sum(buf.live & _w.anticommutes(buf.x, buf.z, gx, gz))
-    smallest_fit = jnp.sum(splitting > jnp.asarray(rooms[:-1]))  # the smallest room that holds them
-    branches = [partial(incremental, room=r) for r in rooms] + [full]
-    return lax.switch(jnp.where(buf.ordered, smallest_fit, len(rooms)), branches, buf)
+    # a rotation that commutes with every live word is the identity (its derivative is zero too):
+    # common outside the observable's light cone, where it costs one pass to count
+    rooms = _split_rooms(capacity)
+    pick = jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1])))
+    return lax.switch(pick, [lambda b: b] + [partial(split, room=r) for r in rooms], buf)
 
 
-def _insert_rooms(capacity: int) -> tuple[int, ...]:
-    """New-word slot counts of the incremental merge, smallest first: a rotation takes the smallest
-    that holds its splitting words (the merge's cost follows the room); more than the largest, half
-    the capacity, take the full merge.
-
-    Measured on the 127-qubit kicked Ising (Z62, 20 steps, 1e5 terms, 2-core CPU): up to half the
-    words anticommute with a central qubit's RX; one room of C/4 took 31.7 s, C/2 25.3 s, 3C/4 28.9 s;
-    the four rooms C/16..C/2 took 18 s (experiments/README.md, "CPU engine").
-    """
-    top = max(16, capacity // 2)
-    return tuple(r for r in (top // 8, top // 4, top // 2) if r >= 1024) + (top,)
+def _split_rooms(capacity: int) -> tuple[int, ...]:
+    """Sizes of the splitting set a rotation gathers, smallest first: it takes the smallest that
+    holds its splitting words (its sort and gathers cost what the room holds). On the 127-qubit kicked
+    Ising most rotations split a few percent of the words or none (experiments/README.md)."""
+    rooms = tuple(r for r in (capacity // 64, capacity // 16, capacity // 4, capacity // 2) if r >= 256)
+    return rooms + (capacity,)
 
 
 def _quarter(buf, row, params, trunc, capacity):
@@ -156,20 +175,21 @@ def _quarter(buf, row, params, trunc, capacity):
     cos = jnp.array([1.0, 0.0, -1.0, 0.0], buf.coeffs.dtype)[k]
     sin = jnp.array([0.0, 1.0, 0.0, -1.0], buf.coeffs.dtype)[k]
     gx, gz = row["gx"], row["gz"]
-    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
-    flip = ac & (k % 2 == 1)
-    sign = _w.product_sign(buf.x, buf.z, gx, gz).astype(buf.coeffs.dtype)
-    coeffs = jnp.where(ac, (cos + sin * sign) * buf.coeffs, buf.coeffs)
-    x = jnp.where(flip[:, None], buf.x ^ gx, buf.x)
-    z = jnp.where(flip[:, None], buf.z ^ gz, buf.z)
-    return _drop_rules(buf._replace(x=x, z=z, coeffs=coeffs, ordered=jnp.zeros((), bool)), trunc)
+
+    def image(x, z, c):  # every word here anticommutes with G
+        sign = _w.product_sign(x, z, gx, gz).astype(c.dtype)
+        odd = k % 2 == 1
+        return jnp.where(odd, x ^ gx, x), jnp.where(odd, z ^ gz, z), (cos + sin * sign) * c
+
+    # words that commute with G stay where they are
+    return _remap(buf, buf.live & _w.anticommutes(buf.x, buf.z, gx, gz), image, trunc, capacity)
 
 
 def _channel(buf, row, params, trunc, capacity):
     a = row["qubits"][0]
     code = (_w.get_site(buf.x, a) | _w.get_site(buf.z, a) << 1).astype(jnp.int32)
     coeffs = buf.coeffs * row["sign"][code].astype(buf.coeffs.dtype)
-    return _drop_rules(buf._replace(coeffs=coeffs), trunc)
+    return _drop_rules(buf._replace(coeffs=coeffs), _t.Truncation(min_abs_coeff=trunc.min_abs_coeff))
 
 
 def _damp(buf, row, params, trunc, capacity):
@@ -203,10 +223,8 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _Buffer:
         raise ValueError(f"observable has {t} terms, more than the capacity {capacity}")
     pad = lambda a, fill=0: jnp.concatenate([jnp.asarray(a), jnp.full((capacity - t,) + a.shape[1:], fill, a.dtype)])
     coeffs = jnp.asarray(obs.coeffs, dtype)
-    keys = jnp.zeros(capacity, jnp.uint64 if _m.x64() else jnp.uint32)
     return _Buffer(pad(jnp.asarray(obs.x, jnp.uint32)), pad(jnp.asarray(obs.z, jnp.uint32)), pad(coeffs),
-                   jnp.zeros(capacity, jnp.int32), jnp.arange(capacity) < t, keys, jnp.zeros((), bool),
-                   jnp.zeros(5, dtype))
+                   jnp.zeros(capacity, jnp.int32), jnp.arange(capacity) < t, jnp.zeros(5, dtype))
 
 
 def propagate_buffers(prog_arrays: dict, obs: PauliSum, params, truncation: _t.Truncation, capacity: int,
@@ -218,7 +236,9 @@ def propagate_buffers(prog_arrays: dict, obs: PauliSum, params, truncation: _t.T
     dtype = jnp.result_type(float)
     params = jnp.asarray(params if params is not None else jnp.zeros(0), dtype)
     buf = _initial_buffer(obs, capacity, dtype)
-    buf = _drop_rules(buf, truncation)
+    # merge repeated words (the rotations rely on distinct words) and apply every truncation rule
+    x, z, c, s, live, dropped = _m.full_merge(buf.x, buf.z, buf.coeffs, buf.sins, buf.live, truncation, capacity)
+    buf = _Buffer(x, z, c, s, live, dropped)
     # only the kinds this circuit uses become branches: fewer branches, smaller compiled program
     branch_of_kind = np.full(5, 0, dtype=np.int32)
     for i, k in enumerate(kinds_present):

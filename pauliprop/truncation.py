@@ -25,7 +25,8 @@ class Truncation:
 
     max_weight:    drop words with more than this many non-identity sites.
     min_abs_coeff: drop terms with |coefficient| below this.
-    max_terms:     keep only the max_terms largest |coefficient| after each splitting gate.
+    max_terms:     keep only the max_terms largest |coefficient| after each splitting gate
+                   (and in the observable itself).
     max_sins:      drop paths that took more than this many sine branches (Clifford
                    quarter turns do not count).
     """

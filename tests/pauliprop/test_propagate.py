@@ -143,22 +143,26 @@ def test_bloch_vector_states_match_the_density_matrix(case, data):
     assert abs(val - R.dense_expectation(build(n, ops), _merge(terms), params, bloch)) < 1e-10
 
 
-def test_rotations_take_the_smallest_insert_room_and_stay_exact():
-    """A rotation merges its new words in the smallest room that holds them (rooms grow by 2x up to
-    half the capacity); with thousands of splitting words per rotation, several rooms are used and
-    the untruncated value still equals the state vector."""
-    from pauliprop.propagate import _insert_rooms
+def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_exact():
+    """A rotation gathers its splitting words in the smallest room that holds them (C/64, C/16, C/4,
+    C/2, C); with about 100 and 3,000-7,000 splitting words the rotations below use two rooms, and the
+    untruncated value still equals the state vector. (Small capacities, as in the other tests, have
+    one room, C.)"""
+    from pauliprop.propagate import _split_rooms
 
-    assert _insert_rooms(1 << 14) == (1024, 2048, 4096, 8192)
-    assert _insert_rooms(1 << 10) == (512,)
+    assert _split_rooms(1 << 14) == (256, 1024, 4096, 8192, 16384)
+    assert _split_rooms(1 << 10) == (256, 512, 1024)
+    assert _split_rooms(64) == (64,)
     rng = np.random.default_rng(3)
-    n = 9
-    labels = {"".join(rng.choice(list("IXYZ"), n)) for _ in range(3000)}
+    n = 10
+    labels = {"".join(rng.choice(list("IXYZ"), n - 1)) + "I" for _ in range(6000)}
+    labels |= {"".join(rng.choice(list("IXYZ"), n - 1)) + "Z" for _ in range(100)}
     h = pp.PauliSum.from_labels({lab: float(rng.normal()) for lab in sorted(labels)})
-    c = pp.Circuit(n).h(2).rx(0, 0.3).cx(1, 6).ry(3, 0.5).rzz(1, 5, 0.2)  # about 1500, 2250, 3400 splits
+    # backward order: rx(9) splits ~100 words (room 512), rzz(1, 5) ~3,000, ry(3) ~4,500, rx(0) ~6,700 (8,192)
+    c = pp.Circuit(n).rx(0, 0.3).ry(3, 0.5).rzz(1, 5, 0.2).h(2).rx(9, 0.4)
     params = jnp.zeros(0)
-    val, stats = pp.expectation(c, h, params, capacity=1 << 14, return_stats=True)
-    assert not bool(stats.overflow) and int(stats.max_terms_seen) > 2048
+    val, stats = pp.expectation(c, h, params, capacity=1 << 15, return_stats=True)
+    assert not bool(stats.overflow) and int(stats.max_terms_seen) > 16384
     exact = pp.expectation(c, h, params, method="statevector")
     assert abs(float(val) - float(exact)) < 1e-9 * max(1.0, abs(float(exact)))
 
