@@ -26,7 +26,7 @@ from jax import lax
 
 from . import truncation as _t
 from . import words as _w
-from .prefix import on_cpu, prefix_count
+from .prefix import first_set, on_cpu, prefix_count
 
 DEAD_KEY = np.uint64((1 << 64) - 1)
 
@@ -158,32 +158,6 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
                                  capacity)
 
 
-def first_set(mask, k: int):
-    """Indices of the first k True entries of mask, in order; len(mask) fills the unused tail.
-
-    A prefix count costs 1.1-1.7 ms at 1.3e5 slots on the 2-core CPU; for k <= n/8 the CPU instead
-    packs the mask into 32-bit words, counts their bits, and finds each output's word by binary
-    search and its bit by a 5-step popcount search: 0.2-0.4 ms (GPUs keep the native scan).
-    """
-    n = mask.shape[0]
-    if not on_cpu() or 8 * k > n:
-        dest = jnp.where(mask, prefix_count(mask) - 1, k)
-        return jnp.full(k, n, jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
-    bits = jnp.pad(mask, (0, -n % 32)).reshape(-1, 32).astype(jnp.uint32)
-    packed = jnp.sum(bits << jnp.arange(32, dtype=jnp.uint32), axis=1, dtype=jnp.uint32)
-    count = lax.population_count(packed).astype(jnp.int32)
-    upto = jnp.cumsum(count)
-    j = jnp.arange(k, dtype=jnp.int32)
-    word_at = jnp.searchsorted(upto, j, side="right", method="scan").astype(jnp.int32)
-    w = jnp.minimum(word_at, packed.shape[0] - 1)
-    rank, word, pos = j - (upto[w] - count[w]), packed[w], jnp.zeros(k, jnp.int32)
-    for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the word
-        low = lax.population_count(word & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
-        up = rank >= low
-        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
-    return jnp.where(word_at < packed.shape[0], w * 32 + pos, n)
-
-
 def _pivot(gx, gz):
     """One site bit of G (its lowest): (lane, mask, on_x). P and P xor G differ there, so 'that bit is 0'
     picks one member of every pair {P, P xor G}."""
@@ -223,14 +197,21 @@ def pair_split(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Tr
         h1, h2 = _w.fingerprint(qx, qz)
         order = _fingerprint_order_32(h1, h2, valid)
         same_key = (h1[order][1:] == h1[order][:-1]) & (h2[order][1:] == h2[order][:-1])
-    vo = valid[order]
-    same_word = lambda o: (jnp.all(qx[o][1:] == qx[o][:-1], axis=1) & jnp.all(qz[o][1:] == qz[o][:-1], axis=1)
-                           & valid[o][1:] & valid[o][:-1])
+
+    def in_order(o):
+        # the words in sorted order, and which of them equal their successor's canonical member
+        ox, oz, of, ov = px[o], pz[o], flip[o], valid[o]
+        cx, cz = jnp.where(of[:, None], ox ^ gx, ox), jnp.where(of[:, None], oz ^ gz, oz)
+        nxt = jnp.all(cx[1:] == cx[:-1], axis=1) & jnp.all(cz[1:] == cz[:-1], axis=1) & ov[1:] & ov[:-1]
+        return o, ox, oz, ov, nxt
+
+    sorted_ = in_order(order)
+    vo, pair_next = sorted_[3], sorted_[4]
     # equal keys of different words could interleave two pairs: then order exactly by the words
-    collision = jnp.any(same_key & vo[1:] & vo[:-1] & ~same_word(order))
-    order = lax.cond(collision, lambda o: _exact_order(qx, qz, valid), lambda o: o, order)
-    px, pz, pc, ps, src, valid = px[order], pz[order], pc[order], ps[order], src[order], valid[order]
-    pair_next = same_word(order)
+    collision = jnp.any(same_key & vo[1:] & vo[:-1] & ~pair_next)
+    order, px, pz, valid, pair_next = lax.cond(collision, lambda: in_order(_exact_order(qx, qz, valid)),
+                                               lambda: sorted_)
+    pc, ps, src = pc[order], ps[order], src[order]
     no = jnp.zeros(1, bool)
     with_next, with_prev = jnp.concatenate([pair_next, no]), jnp.concatenate([no, pair_next])
     paired = with_next | with_prev
@@ -263,7 +244,12 @@ def pair_split(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Tr
         live, keep_new = args
         mag = jnp.concatenate([jnp.abs(coeffs), jnp.abs(sc)])
         mask = jnp.concatenate([live, keep_new])
-        kept = _t.keep_largest(mag, mask, limit, tiebreak=jnp.concatenate([_w.weight(x, z), _w.weight(sx, sz)]))
+        def weight_at(i):  # the tiebreak, evaluated only where the cut needs it
+            old = i < cap
+            a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
+            return jnp.where(old, _w.weight(x[a], z[a]), _w.weight(sx[b], sz[b]))
+
+        kept = _t.keep_largest(mag, mask, limit, tiebreak=weight_at)
         return kept[:cap], kept[cap:], jnp.sum(jnp.where(mask & ~kept, mag, 0))
 
     live, keep_new, cap_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > limit, cut,

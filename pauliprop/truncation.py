@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .prefix import prefix_count
+from .prefix import first_set, prefix_count
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
@@ -66,31 +66,79 @@ def violations(trunc: Truncation, coeffs, weights, sins):
 def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     """Mask of the k largest magnitudes among `mask`, or `mask` if it has <= k.
 
-    Selects the k-th largest value on the float's bit pattern (monotone for values >= 0), with no
-    sort: on CPUs a radix select (six 11-bit histogram passes), on GPUs a bisection (one fused
-    count per bit; histograms would serialise on atomics into a few hot bins).
-    Ties at the threshold (common: equal-angle circuits give equal magnitudes) prefer the smallest
-    `tiebreak` (the Pauli weight: low-weight words are the likelier to overlap the state), then
-    the earliest position, so the kept set does not depend on the merge path.
+    Kept: the first k masked entries in the order (-magnitude, tiebreak, position). Ties at the
+    threshold are common (equal-angle circuits give equal magnitudes); they prefer the smallest
+    `tiebreak` (the Pauli weight: low-weight words are the likelier to overlap the state), then the
+    earliest position, so the kept set does not depend on the merge path. `tiebreak` is an array or a
+    function of an index array (then only the entries that can matter are evaluated).
+    Selection works on the float's bit pattern (monotone for values >= 0), with no full sort:
+    "bucket" (CPUs): one 16-bit histogram finds the bucket holding the k-th largest, and the exact
+    selection runs on its few entries (1.8 ms instead of 4 ms at 1.4e5 entries, kicked-Ising data); a
+    bucket larger than BUCKET_ROOM falls back to "radix": six 11-bit histogram passes over all entries.
+    "bisect" (GPUs): one fused count per bit (histograms would serialise on atomics).
     """
-    method = method or ("radix" if jax.default_backend() == "cpu" else "bisect")
+    method = method or ("bucket" if jax.default_backend() == "cpu" else "bisect")
+    if method not in ("bucket", "radix", "bisect"):
+        raise ValueError(f"unknown keep_largest method {method!r}")
     itype = jnp.int64 if magnitudes.dtype == jnp.float64 else jnp.int32
     bits = lax.bitcast_convert_type(magnitudes, itype)
     value_bits = 63 if itype == jnp.int64 else 31  # the sign bit is 0 for magnitudes
-    t = (_radix_select if method == "radix" else _bisect_select)(bits, mask, k, value_bits, itype)
+    if tiebreak is None:
+        tb_at = lambda i: jnp.zeros(i.shape, jnp.int32)
+    else:
+        at = tiebreak if callable(tiebreak) else (lambda i: tiebreak[i])
+        tb_at = lambda i: jnp.clip(at(i), 0, TIE_LEVELS - 1).astype(jnp.int32)
+    everywhere = lambda: tb_at(jnp.arange(bits.shape[0])) if callable(tiebreak) or tiebreak is None else \
+        jnp.clip(tiebreak, 0, TIE_LEVELS - 1).astype(jnp.int32)
+    keep = lambda: _select_and_break_ties(bits, mask, k, everywhere(), value_bits, itype, method)
+    if method != "bucket":
+        return keep()
+    return _bucket_cut(bits, mask, k, tb_at, value_bits, itype, keep)
+
+
+TIE_LEVELS = 1024  # tiebreak values are clipped to [0, TIE_LEVELS)
+BUCKET_BITS = 16
+BUCKET_ROOM = 4096  # entries of the threshold's bucket that "bucket" gathers
+
+
+def _bucket_cut(bits, mask, k, tb_at, value_bits, itype, fallback):
+    """keep_largest by one histogram of the top bits and an exact selection in the threshold's bucket."""
+    width = BUCKET_BITS
+    shift = value_bits - width
+    size = 1 << width
+    top = (bits >> shift).astype(jnp.int32)
+    hist = jnp.bincount(jnp.where(mask, top, size), length=size + 1)[:size]
+    at_least = prefix_count(hist[::-1])[::-1]  # entries with top >= d (jnp.cumsum is slow on CPUs)
+    d = jnp.sum(at_least >= k) - 1  # the bucket holding the k-th largest
+    above = jnp.where(d + 1 < size, at_least[jnp.minimum(d + 1, size - 1)], 0)
+
+    def gathered_bucket(_):
+        # the bucket's entries, in position order, then the exact selection among those few
+        n = bits.shape[0]
+        room = min(BUCKET_ROOM, n)
+        src = first_set(mask & (top == d), room)
+        ok = src < n
+        s = jnp.minimum(src, n - 1)
+        kept = _select_and_break_ties(bits[s], ok, k - above, tb_at(s), value_bits, itype, "radix")
+        return (mask & (top > d)).at[jnp.where(ok, src, n)].set(kept, mode="drop")
+
+    covered = jnp.sum(mask) <= k
+    pick = jnp.where(covered, 0, jnp.where(hist[d] <= min(BUCKET_ROOM, bits.shape[0]), 1, 2))
+    return lax.switch(pick, [lambda _: mask, gathered_bucket, lambda _: fallback()], None)
+
+
+def _select_and_break_ties(bits, mask, k, tb, value_bits, itype, method):
+    t = (_radix_select if method in ("bucket", "radix") else _bisect_select)(bits, mask, k, value_bits, itype)
     above = mask & (bits > t)
     ties = mask & (bits == t)
     room = k - jnp.sum(above)
-    if tiebreak is not None:
-        levels = 1024
-        tb = jnp.clip(tiebreak, 0, levels - 1).astype(jnp.int32)
-        at_most = jnp.cumsum(jnp.bincount(jnp.where(ties, tb, levels), length=levels + 1)[:levels])
-        cut = jnp.sum(at_most < room)  # smallest level whose cumulative count reaches room
-        below = jnp.where(cut > 0, at_most[jnp.maximum(cut - 1, 0)], 0)
-        take_all = ties & (tb < cut)
-        ties = ties & (tb == cut)
-        above = above | take_all
-        room = room - below
+    at_most = jnp.cumsum(jnp.bincount(jnp.where(ties, tb, TIE_LEVELS), length=TIE_LEVELS + 1)[:TIE_LEVELS])
+    cut = jnp.sum(at_most < room)  # smallest level whose cumulative count reaches room
+    below = jnp.where(cut > 0, at_most[jnp.maximum(cut - 1, 0)], 0)
+    take_all = ties & (tb < cut)
+    ties = ties & (tb == cut)
+    above = above | take_all
+    room = room - below
     tie_rank = prefix_count(ties) - 1
     return above | (ties & (tie_rank < room))
 

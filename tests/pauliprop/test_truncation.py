@@ -61,7 +61,7 @@ def test_violations_charge_each_term_to_its_first_rule():
 
 # ---- keep_largest ----------------------------------------------------------------------------------
 
-METHODS = ["radix", "bisect"]  # the CPU and the GPU selection; both run anywhere
+METHODS = ["bucket", "radix", "bisect"]  # the CPU selection, its fallback, the GPU selection; all run anywhere
 _keep_largest = jax.jit(T.keep_largest, static_argnames=("method",))
 _keep_largest_tb = jax.jit(lambda m, mask, k, tb, method: T.keep_largest(m, mask, k, method=method, tiebreak=tb),
                            static_argnames=("method",))
@@ -108,6 +108,25 @@ def test_keep_largest_keeps_the_k_largest(mags, mask, k, dtype, method, tiebreak
     want = np.zeros(32, bool)
     want[order[:k]] = True
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
+    """Thousands of equal magnitudes at the threshold (the bucket method falls back to the radix select)."""
+    rng = np.random.default_rng(3)
+    n = 3 * T.BUCKET_ROOM
+    mags = np.where(rng.random(n) < 0.8, 0.25, rng.random(n))
+    mask = rng.random(n) < 0.9
+    tb = rng.integers(0, 5, n)
+    k = int(np.sum(mask & (mags > 0.25))) + T.BUCKET_ROOM + 7  # the cut falls inside the tied block
+    got = np.asarray(_keep_largest_tb(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb), method))
+    order = sorted(np.flatnonzero(mask), key=lambda i: (-mags[i], tb[i], i))
+    want = np.zeros(n, bool)
+    want[order[:k]] = True
+    np.testing.assert_array_equal(got, want)
+    # the tiebreak given as a function of indices (evaluated only where needed) selects the same
+    as_function = jax.jit(lambda m, mk, t: T.keep_largest(m, mk, k, method=method, tiebreak=lambda i: t[i]))
+    np.testing.assert_array_equal(np.asarray(as_function(jnp.asarray(mags), jnp.asarray(mask), jnp.asarray(tb))), want)
 
 
 # ---- the engine against the reference propagator ------------------------------------------------------
