@@ -2,18 +2,20 @@
 
 * Float64 everywhere: the exactness properties (agreement with the state vector to 1e-10) are stated
   under jax_enable_x64, as DESIGN.md and pauliprop's docstring say.
-* A session-local persistent compilation cache: programs that differ only in static metadata (a
-  PauliSum's num_qubits is pytree metadata, so every register size retraces) lower to the same HLO
-  and then compile once. It lives in a temporary directory removed at the end of the session; an
-  explicit JAX_COMPILATION_CACHE_DIR from the environment is respected instead.
+* Compiled executables are released (jax.clear_caches) once the process maps more than half of
+  vm.max_map_count memory regions. XLA:CPU maps each kernel of an executable separately (one
+  propagation executable: about 2,000 regions), so a session that keeps every executable exhausts
+  the default limit of 65,530 after a few dozen programs, and LLVM then fails with "Cannot allocate
+  memory" and aborts in whatever compiles next (three CI runs, 2026-11-22/23: in a persistent-cache
+  write, a cache read and a sampler compile).
+* No persistent compilation cache: a cache keeps executables alive too, and only an explicit
+  JAX_COMPILATION_CACHE_DIR from the environment turns it on.
 * Hypothesis: no deadline (the first example of a property pays for the JAX compile).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -21,11 +23,6 @@ import pytest
 
 jax.config.update("jax_enable_x64", True)
 
-_CACHE_DIR = None
-if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    _CACHE_DIR = tempfile.mkdtemp(prefix="pauliprop-tests-jax-cache-")
-    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 try:
     from hypothesis import HealthCheck, settings
@@ -36,13 +33,34 @@ try:
 except ImportError:  # pragma: no cover - hypothesis is a test dependency
     pass
 
+
+def _mapped_regions() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no region count to watch
+        return 0
+
+
+def _map_limit() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+_REGION_BUDGET = _map_limit() // 2
+
+
+@pytest.fixture(autouse=True)
+def _release_executables_under_map_pressure():
+    yield
+    if _mapped_regions() > _REGION_BUDGET:
+        jax.clear_caches()
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KICKED_ISING_DIR = REPO_ROOT.parent / "shared" / "data" / "kicked_ising"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _CACHE_DIR is not None:
-        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
