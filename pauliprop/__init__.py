@@ -14,9 +14,9 @@ from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
 from .overlap import overlap
 from .paulisum import PauliSum
-from .propagate import PropagationStats, expectation, propagate
+from .propagate import CPU_COMPILER_OPTIONS, PropagationStats, expectation, propagate
 from .truncation import Truncation
 
-__all__ = ["Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum", "PropagationStats", "Truncation",
-           "expectation", "overlap", "propagate", "statevector"]
+__all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
+           "PropagationStats", "Truncation", "expectation", "overlap", "propagate", "statevector"]
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ outside of a trace, grow it and retry when it overflowed, so a result is never s
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from functools import partial
@@ -357,10 +358,19 @@ def _run(arrays, observable, params, truncation, capacity, kinds):
 
 # XLA:CPU copies each lax.switch result back into the scan's carry (three copies of the buffer per
 # gate) unless copy insertion runs its region analysis: 10.9 -> 8.4 s on the 127-qubit kicked Ising
-# (experiments/README.md). A per-executable option, so JAX's global settings stay untouched.
-COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
-_jitted = jax.jit(propagate_buffers, static_argnames=("truncation", "capacity", "kinds_present"),
-                  compiler_options=COMPILER_OPTIONS)
+# (experiments/README.md). A per-executable option, so JAX's global settings stay untouched; under
+# your own jax.jit on a CPU, pass compiler_options=pauliprop.CPU_COMPILER_OPTIONS.
+CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+@functools.cache
+def _jit_for(backend: str):
+    return jax.jit(propagate_buffers, static_argnames=("truncation", "capacity", "kinds_present"),
+                   compiler_options=CPU_COMPILER_OPTIONS if backend == "cpu" else None)
+
+
+def _jitted(*args):
+    return _jit_for(jax.default_backend())(*args)
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
