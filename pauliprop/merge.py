@@ -93,14 +93,12 @@ def _truncate_and_compact(parts, truncation, capacity):
         dropped.append(jnp.stack([jnp.sum(jnp.where(candidate & d, mags[-1], 0)) for d in (drop_w, drop_c, drop_s)]))
     keep, mag = jnp.concatenate(keeps), jnp.concatenate(mags)
     dropped = sum(dropped)
-    limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
+    limit, rule = _limit(truncation, capacity)
     weight = jnp.concatenate(weights)
     capped = lax.cond(jnp.sum(keep) > limit, lambda k: _t.keep_largest(mag, k, limit, tiebreak=weight),
                       lambda k: k, keep)
-    cap_norm = jnp.sum(jnp.where(keep & ~capped, mag, 0))
-    zero = jnp.zeros((), mag.dtype)
-    is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
-    dropped = jnp.concatenate([dropped, jnp.stack([cap_norm, zero] if is_max_terms else [zero, cap_norm])])
+    dropped = jnp.concatenate([dropped, jnp.zeros(2, mag.dtype)]).at[rule].add(
+        jnp.sum(jnp.where(keep & ~capped, mag, 0)))
 
     # position of each survivor = number of survivors before it in slot order
     sizes = [p[0].shape[0] for p in parts]
@@ -179,6 +177,38 @@ def pair_split(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Tr
     is the one pass over the whole buffer.
     Returns (x, z, coeffs, sins, live, dropped[5]).
     """
+    x, z, coeffs, sins, live, dropped = pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin,
+                                                            truncation, capacity, room)
+    live, coeffs, dropped = cap_terms(x, z, coeffs, live, dropped, truncation, capacity)
+    return x, z, coeffs, sins, live, dropped
+
+
+def _limit(truncation: _t.Truncation, capacity: int):
+    """(terms kept after a cut, the dropped-norm entry the cut charges: max_terms, or overflow)."""
+    if truncation.max_terms is not None and truncation.max_terms <= capacity:
+        return truncation.max_terms, 3
+    return capacity, 4
+
+
+def cap_terms(x, z, coeffs, live, dropped, truncation: _t.Truncation, capacity: int):
+    """Keep the largest live terms when there are more than max_terms (or the capacity): one pass over
+    the buffer, ties broken by the Pauli weight. Returns (live, coeffs, dropped)."""
+    limit, rule = _limit(truncation, capacity)
+
+    def cut(args):
+        live, coeffs, dropped = args
+        mag = jnp.abs(coeffs)
+        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: _w.weight(x[i], z[i]))
+        return kept, jnp.where(kept, coeffs, 0), dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0)))
+
+    return lax.cond(jnp.sum(live) > limit, cut, lambda a: a, (live, coeffs, dropped))
+
+
+def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Truncation,
+                        capacity: int, room: int):
+    """pair_split up to the largest-terms cut, which the caller makes with cap_terms: the spawned words
+    are placed in free slots, so the live count may exceed max_terms (never the capacity: when the
+    spawned words do not fit the free slots, the cut runs here, on the buffer and the spawned words)."""
     cap = x.shape[0]
     src = first_set(ac, room)
     valid = src < cap
@@ -237,28 +267,29 @@ def pair_split(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Tr
     sins = sins.at[at].set(new_s, mode="drop")
     live = live.at[at].set(keep_old, mode="drop")
 
-    # keep the largest terms when the survivors exceed max_terms (or the capacity)
-    limit = capacity if truncation.max_terms is None else min(truncation.max_terms, capacity)
+    # when the spawned survivors do not fit the free slots, keep the largest of the buffer and them
+    limit, rule = _limit(truncation, capacity)
 
-    def cut(args):
+    def cut_both(args):
         live, keep_new = args
         mag = jnp.concatenate([jnp.abs(coeffs), jnp.abs(sc)])
         mask = jnp.concatenate([live, keep_new])
-        def weight_at(i):  # the tiebreak, evaluated only where the cut needs it
-            old = i < cap
-            a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
-            return jnp.where(old, _w.weight(x[a], z[a]), _w.weight(sx[b], sz[b]))
 
-        kept = _t.keep_largest(mag, mask, limit, tiebreak=weight_at)
+        def weight_at(i):  # the tiebreak, evaluated only where the cut needs it
+            a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
+            return jnp.where(i < cap, _w.weight(x[a], z[a]), _w.weight(sx[b], sz[b]))
+
+        # (the radix select, not the bucket: this path is rare, and a second bucket selection per room
+        # would add to every compilation)
+        kept = _t.keep_largest(mag, mask, limit, tiebreak=weight_at, method="radix" if on_cpu() else None)
         return kept[:cap], kept[cap:], jnp.sum(jnp.where(mask & ~kept, mag, 0))
 
-    live, keep_new, cap_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > limit, cut,
+    live, keep_new, cut_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > cap, cut_both,
                                         lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
-    is_max_terms = truncation.max_terms is not None and truncation.max_terms <= capacity
-    dropped = dropped.at[3 if is_max_terms else 4].add(cap_norm)
+    dropped = dropped.at[rule].add(cut_norm)
     coeffs = jnp.where(live, coeffs, 0)
 
-    # spawned survivors take the first free slots (there are enough: survivors <= limit <= capacity)
+    # spawned survivors take the first free slots (there are enough now)
     free = first_set(~live, room)
     dest = jnp.where(keep_new, free[jnp.clip(prefix_count(keep_new) - 1, 0, room - 1)], cap)
     x, z = x.at[dest].set(sx, mode="drop"), z.at[dest].set(sz, mode="drop")

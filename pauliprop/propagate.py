@@ -153,15 +153,18 @@ def _rotation(buf, row, params, trunc, capacity):
     splitting = jnp.sum(ac)
 
     def split(b, room):
-        x, z, c, s, live, dropped = _m.pair_split(b.x, b.z, b.coeffs, b.sins, b.live, ac, gx, gz, cos, sin, trunc,
-                                                  capacity, room)
+        x, z, c, s, live, dropped = _m.pair_split_uncapped(b.x, b.z, b.coeffs, b.sins, b.live, ac, gx, gz, cos,
+                                                           sin, trunc, capacity, room)
         return _Buffer(x, z, c, s, live, b.dropped + dropped)
 
     # a rotation that commutes with every live word is the identity (its derivative is zero too):
     # common outside the observable's light cone, where it costs one pass to count
     rooms = _split_rooms(capacity)
     pick = jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1])))
-    return lax.switch(pick, [lambda b: b] + [partial(split, room=r) for r in rooms], buf)
+    buf = lax.switch(pick, [lambda b: b] + [partial(split, room=r) for r in rooms], buf)
+    # the largest-terms cut, one for all rooms (each room would otherwise compile its own)
+    live, coeffs, dropped = _m.cap_terms(buf.x, buf.z, buf.coeffs, buf.live, buf.dropped, trunc, capacity)
+    return buf._replace(live=live, coeffs=coeffs, dropped=dropped)
 
 
 def _split_rooms(capacity: int) -> tuple[int, ...]:
@@ -351,26 +354,25 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
 
 
 def _run(arrays, observable, params, truncation, capacity, kinds):
-    if _is_traced(params, observable):
-        return propagate_buffers(arrays, observable, params, truncation, capacity, kinds)
-    return _jitted(arrays, observable, params, truncation, capacity, kinds)
+    # jitted also under a caller's trace (grad, vmap, jit): the gate table stays an argument, not a
+    # constant of the caller's program, so circuits of one shape share one compilation
+    nested = _is_traced(params, observable)
+    return _jit_for(jax.default_backend(), nested)(arrays, observable, params, truncation, capacity, kinds)
 
 
 # XLA:CPU copies each lax.switch result back into the scan's carry (three copies of the buffer per
 # gate) unless copy insertion runs its region analysis: 10.9 -> 8.4 s on the 127-qubit kicked Ising
-# (experiments/README.md). A per-executable option, so JAX's global settings stay untouched; under
-# your own jax.jit on a CPU, pass compiler_options=pauliprop.CPU_COMPILER_OPTIONS.
+# (experiments/README.md). A per-executable option, so JAX's global settings stay untouched; JAX takes
+# it only on a top-level jit: under your own jax.jit on a CPU, pass
+# compiler_options=pauliprop.CPU_COMPILER_OPTIONS there.
 CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 @functools.cache
-def _jit_for(backend: str):
+def _jit_for(backend: str, nested: bool):
+    options = CPU_COMPILER_OPTIONS if backend == "cpu" and not nested else None
     return jax.jit(propagate_buffers, static_argnames=("truncation", "capacity", "kinds_present"),
-                   compiler_options=CPU_COMPILER_OPTIONS if backend == "cpu" else None)
-
-
-def _jitted(*args):
-    return _jit_for(jax.default_backend())(*args)
+                   compiler_options=options)
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",

@@ -223,7 +223,7 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch):
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
 
     fresh = jax.jit(PR.propagate_buffers, static_argnames=("truncation", "capacity", "kinds_present"))
-    monkeypatch.setattr(PR, "_jitted", fresh)  # a fresh trace sees the weak fingerprint
+    monkeypatch.setattr(PR, "_jit_for", lambda backend, nested: fresh)  # a fresh trace sees the weak fingerprint
     p = np.array([0.4])
     val = float(pp.expectation(c, h, p, capacity=64))
     assert abs(val - float(pp.expectation(c, h, p, method="statevector"))) < 1e-10
