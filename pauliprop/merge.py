@@ -267,8 +267,11 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
     sins = sins.at[at].set(new_s, mode="drop")
     live = live.at[at].set(keep_old, mode="drop")
 
-    # when the spawned survivors do not fit the free slots, keep the largest of the buffer and them
+    # when the spawned survivors do not fit the free slots, keep the largest of the buffer and them.
+    # A rotation starts with at most `limit` live words, so a room of up to capacity - limit words
+    # always fits: it compiles no cut.
     limit, rule = _limit(truncation, capacity)
+    free = capacity - limit
 
     def cut_both(args):
         live, keep_new = args
@@ -279,19 +282,24 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
             a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
             return jnp.where(i < cap, _w.weight(x[a], z[a]), _w.weight(sx[b], sz[b]))
 
-        # (the radix select, not the bucket: this path is rare, and a second bucket selection per room
-        # would add to every compilation)
-        kept = _t.keep_largest(mag, mask, limit, tiebreak=weight_at, method="radix" if on_cpu() else None)
+        # max_terms: the bucket selection (fast, common at saturation); otherwise this is the overflow
+        # path, which reruns at a larger capacity: the radix select, which compiles faster
+        kept = _t.keep_largest(mag, mask, limit, tiebreak=weight_at,
+                               method="radix" if rule == 4 and on_cpu() else None)
         return kept[:cap], kept[cap:], jnp.sum(jnp.where(mask & ~kept, mag, 0))
 
-    live, keep_new, cut_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > cap, cut_both,
-                                        lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
-    dropped = dropped.at[rule].add(cut_norm)
-    coeffs = jnp.where(live, coeffs, 0)
+    if room > free:
+        live, keep_new, cut_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > cap, cut_both,
+                                            lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
+        dropped = dropped.at[rule].add(cut_norm)
+        coeffs = jnp.where(live, coeffs, 0)
 
-    # spawned survivors take the first free slots (there are enough now)
-    free = first_set(~live, room)
-    dest = jnp.where(keep_new, free[jnp.clip(prefix_count(keep_new) - 1, 0, room - 1)], cap)
+    # spawned survivors take the first free slots (there are enough now; should a caller break the
+    # at-most-limit invariant, what does not fit is charged to overflow, never lost silently)
+    slot = first_set(~live, room)
+    rank = prefix_count(keep_new) - 1
+    dest = jnp.where(keep_new, slot[jnp.clip(rank, 0, room - 1)], cap)
+    dropped = dropped.at[4].add(jnp.sum(jnp.where(keep_new & (dest >= cap), jnp.abs(sc), 0)))
     x, z = x.at[dest].set(sx, mode="drop"), z.at[dest].set(sz, mode="drop")
     coeffs, sins = coeffs.at[dest].set(sc, mode="drop"), sins.at[dest].set(ss, mode="drop")
     live = live.at[dest].set(True, mode="drop")

@@ -170,8 +170,12 @@ def _rotation(buf, row, params, trunc, capacity):
 def _split_rooms(capacity: int) -> tuple[int, ...]:
     """Sizes of the splitting set a rotation gathers, smallest first: it takes the smallest that
     holds its splitting words (its sort and gathers cost what the room holds). On the 127-qubit kicked
-    Ising most rotations split a few percent of the words or none (experiments/README.md)."""
-    rooms = tuple(r for r in (capacity // 64, capacity // 16, capacity // 4, capacity // 2) if r >= 256)
+    Ising a third of the rotations split under C/64 words, the rest spread up to C/2, many between C/4
+    and 3C/8 (experiments/README.md). Each room adds to the compilation, so the in-between rooms C/8
+    and 3C/8 come only with large buffers, where the time saved is seconds."""
+    fractions = ((1, 64), (1, 16), (1, 8), (1, 4), (3, 8), (1, 2)) if capacity >= 1 << 15 else \
+        ((1, 64), (1, 16), (1, 4), (1, 2))
+    rooms = tuple(r for r in (capacity * a // b for a, b in fractions) if r >= 256)
     return rooms + (capacity,)
 
 

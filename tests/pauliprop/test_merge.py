@@ -182,6 +182,27 @@ def test_pair_split_in_a_small_room():
     _assert_same_terms(_terms(got, n, compacted=False), _terms(ref, n))
 
 
+def test_pair_split_charges_words_without_a_free_slot_to_overflow():
+    """A small room compiles no cut (the engine starts every rotation with at most max_terms words, so
+    its spawned words fit). Handed a fuller buffer, what does not fit is charged to overflow: kept
+    1-norm plus dropped 1-norm equals the exact split's 1-norm."""
+    n = 13
+    words = [{a: "Z", b: "XYZ"[(a + b) % 3]} for a in range(2, n) for b in range(1, a)][:SLOTS - 4]
+    words += [{0: "Z", q: "X"} for q in range(1, 5)]  # the 4 words that anticommute with X0, unpaired
+    x, z = W.pack(words, n)
+    buf = (x, z, np.linspace(1.0, 2.0, SLOTS), np.zeros(SLOTS, np.int32), np.ones(SLOTS, bool))
+    room = 8
+    trunc = pp.Truncation(max_terms=SLOTS - room)  # room <= capacity - max_terms: no cut compiled
+    got, ref = _rotate(buf, {0: "X"}, 0.9, n, room, trunc)
+    exact = sum(abs(v[0]) for v in _terms(_split_then_full(*buf, *(a[0] for a in W.pack([{0: "X"}], n)),
+                                                           np.cos(0.9), np.sin(0.9), 2 * SLOTS), n).values())
+    kept = sum(abs(v[0]) for v in _terms(got, n, compacted=False).values())
+    dropped = np.asarray(got[-1])
+    assert dropped[4] > 0  # spawned words without a free slot
+    assert abs(kept + dropped[3] + dropped[4] - exact) < 1e-9
+    assert int(np.asarray(got[4]).sum()) == SLOTS - room  # then the max_terms cut
+
+
 def _weak_fingerprint(x, z):
     """A fingerprint with almost no entropy: nearly every pair of words collides."""
     h = (W.popcount(x).sum(-1) & 1).astype(jnp.uint32)
