@@ -9,7 +9,7 @@ float (float32, or float64 with jax_enable_x64); the exactness claims (agreement
 vector to 1e-10) hold under jax_enable_x64, which the command-line tool and benchmarks turn on.
 """
 
-from . import statevector
+from . import ansatz, hamiltonians, statevector
 from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
 from .overlap import overlap
@@ -18,5 +18,6 @@ from .propagate import CPU_COMPILER_OPTIONS, PropagationStats, expectation, prop
 from .truncation import Truncation
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
-           "PropagationStats", "Truncation", "expectation", "overlap", "propagate", "statevector"]
+           "PropagationStats", "Truncation", "ansatz", "expectation", "hamiltonians", "overlap", "propagate",
+           "statevector"]
 __version__ = "0.1.0"
