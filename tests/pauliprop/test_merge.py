@@ -243,7 +243,8 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch):
     h = pp.PauliSum.from_labels({"ZZZ": 1.0, "XIY": -0.5, "IZX": 0.25})
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
 
-    fresh = jax.jit(PR.propagate_buffers, static_argnames=("truncation", "capacity", "kinds_present"))
+    statics = ("truncation", "capacity", "kinds_present", "checkpointed")
+    fresh = jax.jit(PR.propagate_buffers, static_argnames=statics)
     monkeypatch.setattr(PR, "_jit_for", lambda backend, nested: fresh)  # a fresh trace sees the weak fingerprint
     p = np.array([0.4])
     val = float(pp.expectation(c, h, p, capacity=64))
