@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .circuit import Circuit, Param
-from .hamiltonians import Edges, _edges
+from .hamiltonians import Edges, _edges, weighted_edges
 
 _ROTATIONS = ("rx", "ry", "rz")
 _ENTANGLERS = ("cx", "cz", "rzz", "rxx", "ryy")
@@ -64,15 +64,7 @@ def qaoa(edges: Edges, layers: int, num_qubits: int | None = None, weights: Sequ
     """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ValueError(f"layers must be a positive int, got {layers!r}")
-    edges = list(edges)
-    if num_qubits is None:
-        if not edges:
-            raise ValueError("qaoa: no edges and no num_qubits")
-        num_qubits = 1 + max(max(int(a), int(b)) for a, b in edges)
-    e = _edges(num_qubits, edges, False)
-    w = [1.0] * len(e) if weights is None else [float(v) for v in weights]
-    if len(w) != len(e):
-        raise ValueError(f"qaoa: {len(w)} weights for {len(e)} edges")
+    num_qubits, e, w = weighted_edges("qaoa", edges, num_qubits, weights)
     c = Circuit(num_qubits)
     for q in range(num_qubits):
         c.h(q)

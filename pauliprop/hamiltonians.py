@@ -42,6 +42,21 @@ def _edges(num_qubits: int, edges: Edges | None, periodic: bool) -> list[tuple[i
     return out
 
 
+def weighted_edges(caller: str, edges: Edges, num_qubits: int | None, weights: Sequence[float] | None):
+    """(num_qubits, edges, weights) of a weighted graph, checked: num_qubits defaults to 1 + the
+    largest qubit, weights to 1. `caller` names the function in errors."""
+    edges = list(edges)
+    if num_qubits is None:
+        if not edges:
+            raise ValueError(f"{caller}: no edges and no num_qubits")
+        num_qubits = 1 + max(max(int(a), int(b)) for a, b in edges)
+    e = _edges(num_qubits, edges, False)
+    w = [1.0] * len(e) if weights is None else [float(v) for v in weights]
+    if len(w) != len(e):
+        raise ValueError(f"{caller}: {len(w)} weights for {len(e)} edges")
+    return num_qubits, e, w
+
+
 def tfim(num_qubits: int, j: float = 1.0, h: float = 1.0, edges: Edges | None = None,
          periodic: bool = False) -> PauliSum:
     """Transverse-field Ising model H = -j sum_<a,b> Z_a Z_b - h sum_i X_i (on `edges`, default a chain).
@@ -78,15 +93,7 @@ def maxcut(edges: Edges, num_qubits: int | None = None, weights: Sequence[float]
     <z|C|z> is the weight of the edges that bitstring z cuts, so QAOA maximises <C> (minimise -<C>).
     num_qubits defaults to 1 + the largest qubit in `edges`; weights default to 1.
     """
-    edges = list(edges)
-    if num_qubits is None:
-        if not edges:
-            raise ValueError("maxcut: no edges and no num_qubits")
-        num_qubits = 1 + max(max(int(a), int(b)) for a, b in edges)
-    e = _edges(num_qubits, edges, False)
-    w = [1.0] * len(e) if weights is None else [float(v) for v in weights]
-    if len(w) != len(e):
-        raise ValueError(f"maxcut: {len(w)} weights for {len(e)} edges")
+    num_qubits, e, w = weighted_edges("maxcut", edges, num_qubits, weights)
     terms = [("", [], 0.5 * sum(w))] + [("ZZ", [a, b], -0.5 * wi) for (a, b), wi in zip(e, w)]
     return PauliSum.from_list(terms, num_qubits).simplify()
 
