@@ -294,12 +294,12 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
         dropped = dropped.at[rule].add(cut_norm)
         coeffs = jnp.where(live, coeffs, 0)
 
-    # spawned survivors take the first free slots (there are enough now; should a caller break the
-    # at-most-limit invariant, what does not fit is charged to overflow, never lost silently)
+    # spawned survivors take the first free slots (after the cut there are enough)
     slot = first_set(~live, room)
     rank = prefix_count(keep_new) - 1
     dest = jnp.where(keep_new, slot[jnp.clip(rank, 0, room - 1)], cap)
-    dropped = dropped.at[4].add(jnp.sum(jnp.where(keep_new & (dest >= cap), jnp.abs(sc), 0)))
+    if room <= free:  # no cut here: should a caller break the invariant, what does not fit is overflow
+        dropped = dropped.at[4].add(jnp.sum(jnp.where(keep_new & (dest >= cap), jnp.abs(sc), 0)))
     x, z = x.at[dest].set(sx, mode="drop"), z.at[dest].set(sz, mode="drop")
     coeffs, sins = coeffs.at[dest].set(sc, mode="drop"), sins.at[dest].set(ss, mode="drop")
     live = live.at[dest].set(True, mode="drop")

@@ -220,7 +220,7 @@ _NOOP = len(_BRANCHES)  # the kind of the rows that pad the last checkpoint segm
 def segment_length(num_gates: int) -> int:
     """Gates per checkpoint segment: about sqrt(L), which minimises the (L/seg + seg) buffers that
     reverse mode holds. Short programs are one segment."""
-    return max(1, min(num_gates, math.isqrt(max(num_gates - 1, 0)) + 1)) if num_gates > 64 else max(num_gates, 1)
+    return math.isqrt(num_gates - 1) + 1 if num_gates > 64 else max(num_gates, 1)
 
 
 def program_arrays(prog: _p.Program, dtype) -> dict:
@@ -388,8 +388,8 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
 
 def _run(arrays, observable, params, truncation, capacity, kinds):
     # jitted also under a caller's trace (grad, vmap, jit): the gate table stays an argument, not a
-    # constant of the caller's program, so circuits of one shape share one compilation
-    # under a transformation the call may be differentiated: scan in checkpoint segments there
+    # constant of the caller's program, so circuits of one shape share one compilation. Only there can
+    # the call be differentiated, so only there does it scan in checkpoint segments.
     nested = _is_traced(params, observable)
     return _jit_for(jax.default_backend(), nested)(arrays, observable, params, truncation, capacity, kinds,
                                                     checkpointed=nested)
