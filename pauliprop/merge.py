@@ -75,13 +75,14 @@ def _same_as_previous(xs, zs, ls):
     return jnp.concatenate([jnp.zeros(1, bool), eq & ls[1:] & ls[:-1]])
 
 
-def _truncate_and_compact(parts, truncation, capacity):
+def _truncate_and_compact(parts, truncation, capacity, destinations=False):
     """Apply the truncation rules to merged candidates and compact the survivors, in order.
 
     `parts` is a list of candidate groups, each a tuple (slots, x, z, coeffs, sins, candidate); `slots` give every candidate of every group a distinct position in one order, and
     survivors are written to the front of `capacity` slots in that order. Groups are scattered
     separately, so large arrays are never concatenated.
-    Returns (x, z, coeffs, sins, live, dropped[5]).
+    Returns (x, z, coeffs, sins, live, dropped[5]), and with `destinations` the output slot of every
+    candidate of the first group (`capacity` where it did not survive).
     """
     keeps, mags, weights, dropped = [], [], [], []
     for slots, x, z, c, s, candidate in parts:
@@ -109,17 +110,20 @@ def _truncate_and_compact(parts, truncation, capacity):
         in_order = in_order.at[slots].set(cp)
     rank = prefix_count(in_order) - 1
     outs = [jnp.zeros((capacity,) + a.shape[1:], a.dtype) for a in parts[0][1:5]]
+    dests = []
     for (slots, *payload), cp in zip(parts, capped_parts):
-        dest = jnp.where(cp, rank[slots], capacity)
-        outs = [o.at[dest].set(a, mode="drop") for o, a in zip(outs, payload[:4])]
+        dests.append(jnp.where(cp, rank[slots], capacity))
+        outs = [o.at[dests[-1]].set(a, mode="drop") for o, a in zip(outs, payload[:4])]
     x, z, c, s = outs
-    return x, z, c, s, jnp.arange(capacity) < jnp.sum(capped), dropped
+    out = (x, z, c, s, jnp.arange(capacity) < jnp.sum(capped), dropped)
+    return (*out, dests[0]) if destinations else out
 
 
-def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int):
+def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: int, destinations: bool = False):
     """Merge duplicates among all live candidates, truncate, compact into `capacity` slots.
 
-    Returns (x, z, coeffs, sins, live, dropped).
+    Returns (x, z, coeffs, sins, live, dropped), and with `destinations` also the output slot each
+    candidate's coefficient went to (`capacity` where it was dropped): the move record of reverse mode.
     """
     m = x.shape[0]
     if x64():
@@ -152,8 +156,14 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
     run_coeff = jnp.zeros(m, cs.dtype).at[run].add(cs)
     big = jnp.iinfo(jnp.int32).max
     run_sins = jnp.full(m, big, jnp.int32).at[run].min(jnp.where(ls, ss, big))
-    return _truncate_and_compact([(jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], head)], truncation,
-                                 capacity)
+    out = _truncate_and_compact([(jnp.arange(m), xs, zs, run_coeff[run], run_sins[run], head)], truncation,
+                                capacity, destinations)
+    if not destinations:
+        return out
+    # a candidate's coefficient goes where its run's head went
+    head_pos = lax.cummax(jnp.where(head, jnp.arange(m), 0))
+    dest_sorted = jnp.where(ls, out[-1][head_pos], capacity)
+    return *out[:-1], jnp.zeros(m, jnp.int32).at[order].set(dest_sorted)
 
 
 def _pivot(gx, gz):
@@ -205,10 +215,16 @@ def cap_terms(x, z, coeffs, live, dropped, truncation: _t.Truncation, capacity: 
 
 
 def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Truncation,
-                        capacity: int, room: int):
+                        capacity: int, room: int, moves: bool = False):
     """pair_split up to the largest-terms cut, which the caller makes with cap_terms: the spawned words
     are placed in free slots, so the live count may exceed max_terms (never the capacity: when the
-    spawned words do not fit the free slots, the cut runs here, on the buffer and the spawned words)."""
+    spawned words do not fit the free slots, the cut runs here, on the buffer and the spawned words).
+
+    moves: also return what reverse mode needs (`adjoint.rotation_record`): per room entry its slot,
+    whether its own word survived there (coefficient cos * c), the slot its sin * sign * c went to
+    (its partner's, or its spawned word's; `capacity` if that did not survive) and that sign; and per
+    slot whether its word survived the cut (a spawned word may take the slot of a cut one).
+    """
     cap = x.shape[0]
     src = first_set(ac, room)
     valid = src < cap
@@ -247,7 +263,8 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
     paired = with_next | with_prev
     i = jnp.arange(room)
     partner = jnp.where(with_next, i + 1, jnp.where(with_prev, i - 1, i))
-    feed = sin * _w.product_sign(px, pz, gx, gz).astype(pc.dtype) * pc  # i G P = sign (P xor G)
+    sign = _w.product_sign(px, pz, gx, gz)
+    feed = sin * sign.astype(pc.dtype) * pc  # i G P = sign (P xor G)
     new_c = jnp.where(valid, cos * pc + jnp.where(paired, feed[partner], 0), 0)
     new_s = jnp.where(paired, jnp.minimum(ps, ps[partner] + 1), ps)
     spawn = valid & ~paired
@@ -294,6 +311,9 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
         dropped = dropped.at[rule].add(cut_norm)
         coeffs = jnp.where(live, coeffs, 0)
 
+    if moves:  # before the spawned words take free slots: a dropped or cut word's slot may be reused
+        kept = live
+        own = valid & live[jnp.minimum(at, cap - 1)]
     # spawned survivors take the first free slots (after the cut there are enough)
     slot = first_set(~live, room)
     rank = prefix_count(keep_new) - 1
@@ -303,4 +323,7 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
     x, z = x.at[dest].set(sx, mode="drop"), z.at[dest].set(sz, mode="drop")
     coeffs, sins = coeffs.at[dest].set(sc, mode="drop"), sins.at[dest].set(ss, mode="drop")
     live = live.at[dest].set(True, mode="drop")
-    return x, z, coeffs, sins, live, dropped
+    if not moves:
+        return x, z, coeffs, sins, live, dropped
+    fed = jnp.where(paired, jnp.where(own[partner], at[partner], cap), dest)
+    return x, z, coeffs, sins, live, dropped, (at, own, fed, sign > 0, kept)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import adjoint as _a
 from . import program as _p
 from . import truncation as _t
 from . import words as _w
@@ -80,15 +81,17 @@ def _local_code(x, z, a, b):
             | _w.get_site(z, b) << 3).astype(jnp.int32)
 
 
-def _remap(buf, touched, image, trunc, capacity):
+def _remap(buf, touched, image, trunc, capacity, rec=None):
     """Apply a word map (a Clifford: it permutes signed words) to the `touched` live words.
 
-    image(x, z, coeffs) -> (x, z, coeffs). None touched: nothing to do (common outside the light
+    image(x, z) -> (x, z, sign). None touched: nothing to do (common outside the light
     cone). A few (up to C/16): they are gathered into the smallest room that holds them, so the cost
     follows their count. More: one pass over the buffer, which measured faster than gathering them.
     Magnitudes and sine counts stay, so only max_weight can drop a moved word.
+    rec: None, or (permutes,) to return (buffer, adjoint.Record) as well: each word keeps its slot.
     """
     count = jnp.sum(touched)
+    sign_code = lambda sign: jnp.where(sign > 0, _a.ONE, _a.MINUS_ONE)
 
     def heavy_out(b, x, z, c, mask, at):
         heavy = mask & (_w.weight(x, z) > trunc.max_weight)
@@ -100,52 +103,52 @@ def _remap(buf, touched, image, trunc, capacity):
         src = first_set(touched, room)
         at = jnp.where(src < capacity, src, capacity)
         s = jnp.minimum(src, capacity - 1)
-        x, z, c = image(b.x[s], b.z[s], b.coeffs[s])
+        x, z, sign = image(b.x[s], b.z[s])
+        c = b.coeffs[s] * sign.astype(b.coeffs.dtype)
         live, dropped = b.live, b.dropped
         if trunc.max_weight is not None:
             dropped, live, c = heavy_out(b, x, z, c, src < capacity, at)
-        return b._replace(x=b.x.at[at].set(x, mode="drop"), z=b.z.at[at].set(z, mode="drop"),
-                          coeffs=b.coeffs.at[at].set(c, mode="drop"), live=live, dropped=dropped)
+        b = b._replace(x=b.x.at[at].set(x, mode="drop"), z=b.z.at[at].set(z, mode="drop"),
+                       coeffs=b.coeffs.at[at].set(c, mode="drop"), live=live, dropped=dropped)
+        if rec is None:
+            return b
+        codes = jnp.full(capacity, _a.ONE, jnp.uint8).at[at].set(sign_code(sign).astype(jnp.uint8), mode="drop")
+        return b, _a.in_place_record(codes, capacity, *rec)
 
     def everywhere(b):
-        x, z, c = image(b.x, b.z, b.coeffs)
+        x, z, sign = image(b.x, b.z)
         x, z = jnp.where(touched[:, None], x, b.x), jnp.where(touched[:, None], z, b.z)
-        c = jnp.where(touched, c, b.coeffs)
+        c = jnp.where(touched, b.coeffs * sign.astype(b.coeffs.dtype), b.coeffs)
         live, dropped = b.live, b.dropped
         if trunc.max_weight is not None:
             dropped, live, c = heavy_out(b, x, z, c, touched, None)
-        return b._replace(x=x, z=z, coeffs=c, live=live, dropped=dropped)
+        b = b._replace(x=x, z=z, coeffs=c, live=live, dropped=dropped)
+        if rec is None:
+            return b
+        return b, _a.in_place_record(jnp.where(touched, sign_code(sign), _a.ONE), capacity, *rec)
 
+    unchanged = (lambda b: b) if rec is None else (lambda b: (b, _a.identity_record(capacity, *rec)))
     rooms = tuple(r for r in (capacity // 64, capacity // 16) if r >= 256)
     pick = jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms)))
-    return lax.switch(pick, [lambda b: b] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
+    return lax.switch(pick, [unchanged] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
 
 
-def _clifford(buf, row, params, trunc, capacity):
+def _clifford(buf, row, params, trunc, capacity, rec=None):
     a, b = row["qubits"][0], row["qubits"][1]
 
-    def image(x, z, c):
+    def image(x, z):
         code = _local_code(x, z, a, b)
         img = row["table"][code].astype(jnp.uint32)
         one = jnp.uint32(1)
         x = _w.set_site(_w.set_site(x, a, img & one), b, (img >> 2) & one)
         z = _w.set_site(_w.set_site(z, a, (img >> 1) & one), b, (img >> 3) & one)
-        return x, z, c * row["sign"][code].astype(c.dtype)
+        return x, z, row["sign"][code]
 
     # words that are the identity on both sites stay where they are
-    return _remap(buf, buf.live & (_local_code(buf.x, buf.z, a, b) != 0), image, trunc, capacity)
+    return _remap(buf, buf.live & (_local_code(buf.x, buf.z, a, b) != 0), image, trunc, capacity, rec)
 
 
-def _split(buf, new_x, new_z, new_coeffs, new_sins, new_live, old_coeffs, trunc, capacity):
-    """Old terms (with updated coefficients) plus new terms -> merged, truncated buffer."""
-    cat = lambda a, b: jnp.concatenate([a, b])
-    x, z, c, s, live, dropped = _m.full_merge(
-        cat(buf.x, new_x), cat(buf.z, new_z), cat(old_coeffs, new_coeffs), cat(buf.sins, new_sins),
-        cat(buf.live, new_live), trunc, capacity)
-    return _Buffer(x, z, c, s, live, buf.dropped + dropped)
-
-
-def _rotation(buf, row, params, trunc, capacity):
+def _rotation(buf, row, params, trunc, capacity, rec=None):
     angle = _angle(row, params).astype(buf.coeffs.dtype)
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     gx, gz = row["gx"], row["gz"]
@@ -153,18 +156,23 @@ def _rotation(buf, row, params, trunc, capacity):
     splitting = jnp.sum(ac)
 
     def split(b, room):
-        x, z, c, s, live, dropped = _m.pair_split_uncapped(b.x, b.z, b.coeffs, b.sins, b.live, ac, gx, gz, cos,
-                                                           sin, trunc, capacity, room)
-        return _Buffer(x, z, c, s, live, b.dropped + dropped)
+        *out, moves = _m.pair_split_uncapped(b.x, b.z, b.coeffs, b.sins, b.live, ac, gx, gz, cos, sin, trunc,
+                                             capacity, room, moves=True)
+        x, z, c, s, live, dropped = out
+        b = _Buffer(x, z, c, s, live, b.dropped + dropped)
+        return b if rec is None else (b, _a.rotation_record(moves, capacity, *rec))
 
     # a rotation that commutes with every live word is the identity (its derivative is zero too):
     # common outside the observable's light cone, where it costs one pass to count
+    unchanged = (lambda b: b) if rec is None else (lambda b: (b, _a.identity_record(capacity, *rec)))
     rooms = _split_rooms(capacity)
     pick = jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1])))
-    buf = lax.switch(pick, [lambda b: b] + [partial(split, room=r) for r in rooms], buf)
+    out = lax.switch(pick, [unchanged] + [partial(split, room=r) for r in rooms], buf)
+    buf = out if rec is None else out[0]
     # the largest-terms cut, one for all rooms (each room would otherwise compile its own)
     live, coeffs, dropped = _m.cap_terms(buf.x, buf.z, buf.coeffs, buf.live, buf.dropped, trunc, capacity)
-    return buf._replace(live=live, coeffs=coeffs, dropped=dropped)
+    buf = buf._replace(live=live, coeffs=coeffs, dropped=dropped)
+    return buf if rec is None else (buf, out[1])
 
 
 def _split_rooms(capacity: int) -> tuple[int, ...]:
@@ -180,29 +188,30 @@ def _split_rooms(capacity: int) -> tuple[int, ...]:
     return rooms + (capacity,)
 
 
-def _quarter(buf, row, params, trunc, capacity):
+def _quarter(buf, row, params, trunc, capacity, rec=None):
     k = jnp.round(row["offset"] / (math.pi / 2)).astype(jnp.int32) % 4
-    cos = jnp.array([1.0, 0.0, -1.0, 0.0], buf.coeffs.dtype)[k]
-    sin = jnp.array([0.0, 1.0, 0.0, -1.0], buf.coeffs.dtype)[k]
+    cos = jnp.array([1, 0, -1, 0], jnp.int32)[k]
+    sin = jnp.array([0, 1, 0, -1], jnp.int32)[k]
     gx, gz = row["gx"], row["gz"]
 
-    def image(x, z, c):  # every word here anticommutes with G
-        sign = _w.product_sign(x, z, gx, gz).astype(c.dtype)
+    def image(x, z):  # every word here anticommutes with G
+        sign = _w.product_sign(x, z, gx, gz)
         odd = k % 2 == 1
-        return jnp.where(odd, x ^ gx, x), jnp.where(odd, z ^ gz, z), (cos + sin * sign) * c
+        return jnp.where(odd, x ^ gx, x), jnp.where(odd, z ^ gz, z), cos + sin * sign
 
     # words that commute with G stay where they are
-    return _remap(buf, buf.live & _w.anticommutes(buf.x, buf.z, gx, gz), image, trunc, capacity)
+    return _remap(buf, buf.live & _w.anticommutes(buf.x, buf.z, gx, gz), image, trunc, capacity, rec)
 
 
-def _channel(buf, row, params, trunc, capacity):
+def _channel(buf, row, params, trunc, capacity, rec=None):
     a = row["qubits"][0]
     code = (_w.get_site(buf.x, a) | _w.get_site(buf.z, a) << 1).astype(jnp.int32)
     coeffs = buf.coeffs * row["sign"][code].astype(buf.coeffs.dtype)
-    return _drop_rules(buf._replace(coeffs=coeffs), _t.Truncation(min_abs_coeff=trunc.min_abs_coeff))
+    buf = _drop_rules(buf._replace(coeffs=coeffs), _t.Truncation(min_abs_coeff=trunc.min_abs_coeff))
+    return buf if rec is None else (buf, _a.in_place_record(_a.TABLE + code, capacity, *rec))
 
 
-def _damp(buf, row, params, trunc, capacity):
+def _damp(buf, row, params, trunc, capacity, rec=None):
     a = row["qubits"][0]
     gamma = row["offset"].astype(buf.coeffs.dtype)
     xa, za = _w.get_site(buf.x, a), _w.get_site(buf.z, a)
@@ -210,7 +219,19 @@ def _damp(buf, row, params, trunc, capacity):
     factor = jnp.where(is_z, 1 - gamma, jnp.where(xa == 1, jnp.sqrt(1 - gamma), 1.0))
     new_z = _w.set_site(buf.z, a, jnp.zeros_like(za))
     new = jnp.where(is_z, gamma * buf.coeffs, 0)
-    return _split(buf, buf.x, new_z, new, buf.sins, is_z, buf.coeffs * factor, trunc, capacity)
+    cat = lambda u, v: jnp.concatenate([u, v])
+    *out, dest = _m.full_merge(cat(buf.x, buf.x), cat(buf.z, new_z), cat(buf.coeffs * factor, new),
+                               cat(buf.sins, buf.sins), cat(buf.live, is_z), trunc, capacity, destinations=True)
+    x, z, c, s, live, dropped = out
+    buf = _Buffer(x, z, c, s, live, buf.dropped + dropped)
+    if rec is None:
+        return buf
+    # the old word goes to dest[q] times 1, 1 - gamma (Z) or sqrt(1 - gamma) (X, Y); Z words also feed
+    # their damped copy at dest[C + q] times gamma
+    a_code = jnp.where(is_z, _a.TABLE, jnp.where(xa == 1, _a.TABLE + 1, _a.ONE))
+    code = a_code | jnp.where(is_z, _a.GAMMA << _a.B_SHIFT, 0)
+    return buf, _a.Record(o2=dest[capacity:], code=code.astype(jnp.uint8), moved=jnp.asarray(True),
+                          o1=dest[:capacity])
 
 
 _BRANCHES = (_clifford, _rotation, _quarter, _channel, _damp)
@@ -244,60 +265,150 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _Buffer:
                    jnp.zeros(capacity, jnp.int32), jnp.arange(capacity) < t, jnp.zeros(5, dtype))
 
 
+class _Setup(NamedTuple):
+    buf: _Buffer  # the merged, truncated observable
+    obs_dest: jax.Array  # (C,) the slot each observable term went to (capacity: merged away or dropped)
+    rows: dict  # the reversed program, padded to whole segments
+    step: object  # step(buf, row) -> (buf, live terms): one gate
+    recording_step: object  # step(buf, row) -> (buf, (live terms, c_in, live_out, adjoint.Record))
+    length: int  # gates
+    seg: int  # gates per segment
+
+
+def _setup(prog_arrays: dict, obs: PauliSum, params, truncation, capacity, kinds_present, seg_of) -> _Setup:
+    dtype = jnp.result_type(float)
+    buf = _initial_buffer(obs, capacity, dtype)
+    # merge repeated words (the rotations rely on distinct words) and apply every truncation rule
+    x, z, c, s, live, dropped, obs_dest = _m.full_merge(buf.x, buf.z, buf.coeffs, buf.sins, buf.live, truncation,
+                                                         capacity, destinations=True)
+    buf = _Buffer(x, z, c, s, live, dropped)
+    # only the kinds this circuit uses become branches: fewer branches, smaller compiled program
+    length = int(prog_arrays["kind"].shape[0])
+    seg = seg_of(length)
+    padded = -length % seg
+    branch_of_kind = np.full(_NOOP + 1, 0, dtype=np.int32)
+    for i, k in enumerate(kinds_present):
+        branch_of_kind[k] = i
+    branch_of_kind[_NOOP] = len(kinds_present)  # rows that fill the last segment do nothing
+    branch_of_kind = jnp.asarray(branch_of_kind)
+    rows = {k: jnp.concatenate([v, jnp.repeat(v[-1:], padded, axis=0)]) if padded else jnp.asarray(v)
+            for k, v in prog_arrays.items()}
+    if padded:
+        rows["kind"] = rows["kind"].at[length:].set(_NOOP)
+    permutes = _p.DAMP in kinds_present
+
+    def make_step(rec):
+        branches = [lambda b, r, _f=_BRANCHES[k]: _f(b, r, params, truncation, capacity, rec) for k in kinds_present]
+        if padded:
+            branches.append((lambda b, r: b) if rec is None else
+                            (lambda b, r: (b, _a.identity_record(capacity, permutes))))
+
+        def step(b, row):
+            c_in = jnp.where(b.live, b.coeffs, 0)
+            out = branches[0](b, row) if len(branches) == 1 else lax.switch(branch_of_kind[row["kind"]], branches,
+                                                                              b, row)
+            b = out if rec is None else out[0]
+            terms = jnp.sum(b.live).astype(jnp.int32)
+            return b, terms if rec is None else (terms, c_in, b.live, out[1])
+
+        return step
+
+    return _Setup(buf, obs_dest, rows, make_step(None), make_step((permutes,)), length, seg)
+
+
+def _stats(terms, buf: _Buffer, initial: _Buffer, length: int, capacity: int) -> PropagationStats:
+    terms = terms.reshape(-1)[:length]
+    n0 = jnp.sum(initial.live).astype(jnp.int32)
+    return PropagationStats(terms=terms[::-1], dropped_norm=buf.dropped, overflow=buf.dropped[4] > 0,
+                            capacity=capacity, max_terms_seen=jnp.maximum(jnp.max(terms, initial=0), n0))
+
+
 def propagate_buffers(prog_arrays: dict, obs: PauliSum, params, truncation: _t.Truncation, capacity: int,
                       kinds_present: tuple[int, ...] = tuple(range(5)), checkpointed: bool = True):
     """Pure core: scan the reversed program over a fixed-capacity buffer.
 
-    checkpointed: scan in checkpoint segments of about sqrt(L) gates, so that reverse mode holds
-    O(sqrt(L)) buffers instead of L. The nested scan costs 10-20% on XLA:CPU, so calls that cannot
-    be differentiated (outside any JAX transformation) pass False.
+    checkpointed: scan in checkpoint segments of about sqrt(L) gates, so that JAX's reverse mode
+    holds O(sqrt(L)) buffers instead of L. The nested scan costs 10-20% on XLA:CPU, so calls that
+    cannot be differentiated (outside any JAX transformation) pass False. (`expectation` under a
+    transformation does not differentiate this scan: it has its own reverse mode, `_estimate`.)
 
     Returns (PauliSum of `capacity` slots, dead slots zero, PropagationStats).
     """
     dtype = jnp.result_type(float)
     params = jnp.asarray(params if params is not None else jnp.zeros(0), dtype)
-    buf = _initial_buffer(obs, capacity, dtype)
-    # merge repeated words (the rotations rely on distinct words) and apply every truncation rule
-    x, z, c, s, live, dropped = _m.full_merge(buf.x, buf.z, buf.coeffs, buf.sins, buf.live, truncation, capacity)
-    buf = _Buffer(x, z, c, s, live, dropped)
-    # only the kinds this circuit uses become branches: fewer branches, smaller compiled program
-    length = int(prog_arrays["kind"].shape[0])
-    seg = segment_length(length) if checkpointed else max(length, 1)
-    padded = -length % seg
-    branch_of_kind = np.full(_NOOP + 1, 0, dtype=np.int32)
-    for i, k in enumerate(kinds_present):
-        branch_of_kind[k] = i
-    branches = [lambda b, r, _f=_BRANCHES[k]: _f(b, r, params, truncation, capacity) for k in kinds_present]
-    if padded:  # rows that fill the last segment do nothing
-        branch_of_kind[_NOOP] = len(branches)
-        branches.append(lambda b, r: b)
-    branch_of_kind = jnp.asarray(branch_of_kind)
-
-    def step(b, row):
-        if len(branches) == 1:
-            b = branches[0](b, row)
-        else:
-            b = lax.switch(branch_of_kind[row["kind"]], branches, b, row)
-        return b, jnp.sum(b.live).astype(jnp.int32)
-
-    # segments of `seg` gates, each a checkpoint: reverse mode keeps the buffer at segment boundaries
-    # and replays one segment at a time, so its memory is (L/seg + seg) buffers, not L
-    rows = {k: jnp.concatenate([v, jnp.repeat(v[-1:], padded, axis=0)]) if padded else v
-            for k, v in prog_arrays.items()}
-    if padded:
-        rows["kind"] = rows["kind"].at[length:].set(_NOOP)
+    seg_of = segment_length if checkpointed else (lambda n: max(n, 1))
+    st = _setup(prog_arrays, obs, params, truncation, capacity, kinds_present, seg_of)
     if checkpointed:
-        rows = {k: v.reshape((-1, seg) + v.shape[1:]) for k, v in rows.items()}
-        buf, terms = lax.scan(jax.checkpoint(lambda b, r: lax.scan(step, b, r)), buf, rows)
+        rows = {k: v.reshape((-1, st.seg) + v.shape[1:]) for k, v in st.rows.items()}
+        buf, terms = lax.scan(jax.checkpoint(lambda b, r: lax.scan(st.step, b, r)), st.buf, rows)
     else:
-        buf, terms = lax.scan(step, buf, rows)
-    terms = terms.reshape(-1)[:length]
-    n0 = jnp.sum(_initial_buffer(obs, capacity, dtype).live).astype(jnp.int32)
-    stats = PropagationStats(
-        terms=terms[::-1], dropped_norm=buf.dropped, overflow=buf.dropped[4] > 0, capacity=capacity,
-        max_terms_seen=jnp.maximum(jnp.max(terms, initial=0), n0))
+        buf, terms = lax.scan(st.step, st.buf, st.rows)
     out = PauliSum(buf.x, buf.z, jnp.where(buf.live, buf.coeffs, 0), obs.num_qubits)
-    return out, stats
+    return out, _stats(terms, buf, st.buf, st.length, capacity)
+
+
+def _state_arg(state):
+    """A hashable form of a state description (strings stay; Bloch arrays become nested tuples)."""
+    return state if isinstance(state, str) else tuple(map(tuple, np.asarray(state, float).tolist()))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _estimate(static, prog_arrays, obs_x, obs_z, coeffs, params):
+    """<state| propagated observable |state> and the stats: the flat scan, then the overlap."""
+    truncation, capacity, kinds, state, n = static
+    obs = PauliSum(obs_x, obs_z, coeffs, n)
+    out, stats = propagate_buffers(prog_arrays, obs, params, truncation, capacity, kinds, checkpointed=False)
+    return _overlap_value(out, state), stats
+
+
+def _overlap_value(out: PauliSum, state):
+    from .overlap import word_overlaps
+
+    w = word_overlaps(out.x, out.z, state if isinstance(state, str) else np.asarray(state), out.num_qubits)
+    return jnp.sum(out.coeffs * w.astype(out.coeffs.dtype))
+
+
+def _estimate_fwd(static, prog_arrays, obs_x, obs_z, coeffs, params):
+    """Value and gradient in one pass (adjoint.value_and_gradient): the output is a scalar, so the
+    backward rule only scales the gradient by its cotangent."""
+    from .overlap import word_overlaps
+
+    truncation, capacity, kinds, state, n = static
+    dtype = jnp.result_type(float)
+    params_ = jnp.asarray(params, dtype)
+
+    obs = PauliSum(obs_x, obs_z, coeffs, n)
+    st = _setup(prog_arrays, obs, params_, truncation, capacity, kinds, segment_length)
+    rows = {k: v.reshape((-1, st.seg) + v.shape[1:]) for k, v in st.rows.items()}
+    num_segments = rows["kind"].shape[0]
+
+    def final_cotangent(buf):
+        w = word_overlaps(buf.x, buf.z, state if isinstance(state, str) else np.asarray(state), n)
+        w = jnp.where(buf.live, w.astype(dtype), 0)
+        return jnp.sum(buf.coeffs * w), w
+
+    value, buf, terms, d_angles, lam0 = _a.value_and_gradient(
+        st.buf, rows, params_, num_segments, lambda b, r: lax.scan(st.recording_step, b, r), final_cotangent,
+        lambda row: _angle(row, params_).astype(dtype))
+    # d value / d params: each rotation's angle is scale * params[index] + offset
+    d_rows = d_angles.reshape(-1)
+    index = rows["param_index"].reshape(-1)
+    scale = rows["scale"].reshape(-1).astype(dtype)
+    d_params = jnp.zeros(params_.shape[0], dtype).at[jnp.maximum(index, 0)].add(
+        jnp.where(index >= 0, scale * d_rows, 0))
+    # the initial merge summed each observable term into its slot
+    d_coeffs = lam0.at[st.obs_dest[:coeffs.shape[0]]].get(mode="fill", fill_value=0)
+    stats = _stats(terms, buf, st.buf, st.length, capacity)
+    return (value, stats), (d_params.astype(jnp.result_type(params)), d_coeffs)
+
+
+def _estimate_bwd(static, res, cotangents):
+    d_params, d_coeffs = res
+    ct = cotangents[0]
+    return None, None, None, ct * d_coeffs, ct * d_params
+
+
+_estimate.defvjp(_estimate_fwd, _estimate_bwd)
 
 
 # ---- the public wrappers ---------------------------------------------------------------------------
@@ -366,7 +477,7 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
     truncation = truncation or _t.NO_TRUNCATION
     _check_inputs(circuit, observable, params)
     prog, arrays = _lowered(circuit)
-    kinds = tuple(sorted(set(prog.kind.tolist()))) or (0,)
+    kinds = _kinds(prog)
     traced = _is_traced(params, observable)
     cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
     if cap < 1 or cap < len(observable):
@@ -432,6 +543,32 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         return (val, None) if return_stats else val
     if method != "pauli":
         raise ValueError(f"unknown method {method!r}: use 'pauli' or 'statevector'")
+    if _is_traced(params, observable):
+        # under a transformation: the estimate with its own reverse mode (adjoint.py)
+        truncation = truncation or _t.NO_TRUNCATION
+        prog, arrays = _lowered(circuit)
+        cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
+        if cap < 1 or cap < len(observable):
+            raise ValueError(f"capacity {cap} is smaller than the observable's {len(observable)} terms")
+        dtype = jnp.result_type(float)
+        params = jnp.zeros(0, dtype) if params is None else params
+        val, stats = _estimate_jit(arrays, jnp.asarray(observable.x, jnp.uint32), jnp.asarray(observable.z, jnp.uint32),
+                                   jnp.asarray(observable.coeffs, dtype), params, truncation=truncation, capacity=cap,
+                                   kinds=_kinds(prog), state=_state_arg(state), num_qubits=circuit.num_qubits)
+        jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
+        stats = stats._replace(capacity=cap)
+        return (val, stats) if return_stats else val
     out, stats = propagate(circuit, observable, params, truncation, capacity, initial_capacity=initial_capacity)
     val = overlap(out, state)
     return (val, stats) if return_stats else val
+
+
+@partial(jax.jit, static_argnames=("truncation", "capacity", "kinds", "state", "num_qubits"))
+def _estimate_jit(arrays, obs_x, obs_z, coeffs, params, *, truncation, capacity, kinds, state, num_qubits):
+    # jitted also under a caller's trace: the gate table stays an argument, not a constant of the
+    # caller's program, so circuits of one shape share one compilation
+    return _estimate((truncation, capacity, kinds, state, num_qubits), arrays, obs_x, obs_z, coeffs, params)
+
+
+def _kinds(prog) -> tuple[int, ...]:
+    return tuple(sorted(set(prog.kind.tolist()))) or (0,)

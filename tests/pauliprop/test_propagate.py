@@ -230,31 +230,6 @@ def test_gradient_at_zero_angles_equals_statevector_gradient():
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
 
 
-def test_deep_circuits_differentiate_exactly_in_checkpoint_segments_with_sqrt_memory():
-    """Hardware-efficient circuits of 330 and 660 gates (checkpoint segments of 19 and 26): the
-    gradient equals the state vector's, and doubling the depth grows reverse mode's scratch memory
-    by far less than 2x (measured: 1.2 -> 1.4 MB; an unsegmented scan: 6.1 -> 11.4 MB)."""
-    from pauliprop import ansatz
-    from pauliprop.propagate import segment_length
-
-    n, cap = 4, 256  # room for all 4^4 words: untruncated
-    h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.7), ("X", [3], -0.4), ("ZXZ", [1, 2, 3], 0.2)], n)
-    scratch = []
-    for layers in (30, 60):
-        c = ansatz.hardware_efficient(n, layers, rotations=("ry", "rz"), entangler="cz", final_rotations=False)
-        p = jnp.asarray(np.random.default_rng(2).uniform(-1, 1, c.num_params))
-        f = lambda q: pp.expectation(c, h, q, capacity=cap)
-        compiled = jax.jit(jax.value_and_grad(f)).lower(p).compile()
-        scratch.append(compiled.memory_analysis().temp_size_in_bytes)
-        if layers == 20:
-            assert len(c.instructions) == 330 and segment_length(330) == 19
-            v, g = compiled(p)
-            v_ref, g_ref = jax.value_and_grad(lambda q: pp.expectation(c, h, q, method="statevector"))(p)
-            assert abs(float(v) - float(v_ref)) < 1e-10
-            np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
-    assert scratch[1] < 1.6 * scratch[0], scratch
-
-
 def test_jit_and_vmap_over_params_equal_the_eager_loop():
     """jax.jit(jax.vmap(expectation)) over 4 parameter sets equals the eager values, one by one."""
     n = 4
