@@ -12,12 +12,14 @@ vector to 1e-10) hold under jax_enable_x64, which the command-line tool and benc
 from . import ansatz, hamiltonians, statevector
 from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
+from .objective import expectation_fn
 from .overlap import overlap
 from .paulisum import PauliSum
 from .propagate import CPU_COMPILER_OPTIONS, PropagationStats, expectation, propagate
+from .shared import expectations
 from .truncation import Truncation
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
-           "PropagationStats", "Truncation", "ansatz", "expectation", "hamiltonians", "overlap", "propagate",
+           "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate",
            "statevector"]
 __version__ = "0.1.0"
