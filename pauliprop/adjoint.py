@@ -19,11 +19,14 @@ Memory: (L/seg) buffers + seg records, O(sqrt(L) C).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from .batching import shared
 
 # A codes (3 bits): 0, 1, -1, cos, then the gate's four table values (channel factors for the site's
 # I, X, Z, Y; amplitude damping's 1 - gamma and sqrt(1 - gamma))
@@ -86,10 +89,49 @@ def adjoint_step(lam, c_in, live_out, rec: Record, row, angle):
         d_angle = jnp.sum(c_in * (cos * sign_b * l2 - sin * is_(ca, COS) * l1))
         return a * l1 + b * l2, d_angle
 
-    return lax.cond(rec.moved, moved, lambda lam: (lam, jnp.zeros((), dtype)), lam)
+    return lax.cond(shared(rec.moved), moved, lambda lam: (lam, jnp.zeros((), dtype)), lam)
 
 
 DAMP_KIND = 4  # program.DAMP, repeated here to keep this module free of the engine's imports
+
+
+RECORD_BUDGET: int | None = None  # bytes reverse mode may keep in records; None: a quarter of the device's memory
+
+
+def record_budget() -> int:
+    """RECORD_BUDGET, or a quarter of the default device's memory (its allocator's limit on GPUs,
+    the machine's physical memory on CPUs). Read when a gradient is traced."""
+    if RECORD_BUDGET is not None:
+        return int(RECORD_BUDGET)
+    limit = None
+    try:
+        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    except Exception:  # noqa: BLE001 - backends without memory stats (CPU)
+        limit = None
+    if not limit:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(limit) // 4
+
+
+def record_bytes(capacity: int, permutes: bool, dtype) -> int:
+    """Bytes one gate's record holds: o2, code, (o1,) c_in, live_out."""
+    return capacity * (4 + 1 + (4 if permutes else 0) + jnp.dtype(dtype).itemsize + 1)
+
+
+def value_and_gradient_stored(start, rows: dict, run_all, final_cotangent, angle_of):
+    """One recording pass that keeps every gate's record, then the adjoint sweep over them: the
+    fastest reverse mode, holding L records (record_bytes each). Same contract as value_and_gradient,
+    with rows of shape (L, ...) and run_all(buf, rows) the recording scan over all of them; terms
+    and d value / d angle come back as (1, L)."""
+    end, (terms, c_in, live_out, recs) = run_all(start, rows)
+    value, lam = final_cotangent(end)
+
+    def back(lam, xs):
+        row, c, live, rec = xs
+        return adjoint_step(lam, c, live, rec, row, angle_of(row))
+
+    lam, d_angles = lax.scan(back, lam, (rows, c_in, live_out, recs), reverse=True)
+    return value, end, terms[None], d_angles[None], jnp.where(start.live, lam, 0)
 
 
 def value_and_gradient(start, rows: dict, params, num_segments: int, run_segment, final_cotangent, angle_of):

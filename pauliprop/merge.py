@@ -26,6 +26,7 @@ from jax import lax
 
 from . import truncation as _t
 from . import words as _w
+from .batching import shared
 from .prefix import first_set, on_cpu, prefix_count
 
 DEAD_KEY = np.uint64((1 << 64) - 1)
@@ -96,7 +97,7 @@ def _truncate_and_compact(parts, truncation, capacity, destinations=False):
     dropped = sum(dropped)
     limit, rule = _limit(truncation, capacity)
     weight = jnp.concatenate(weights)
-    capped = lax.cond(jnp.sum(keep) > limit, lambda k: _t.keep_largest(mag, k, limit, tiebreak=weight),
+    capped = lax.cond(shared(jnp.sum(keep) > limit), lambda k: _t.keep_largest(mag, k, limit, tiebreak=weight),
                       lambda k: k, keep)
     dropped = jnp.concatenate([dropped, jnp.zeros(2, mag.dtype)]).at[rule].add(
         jnp.sum(jnp.where(keep & ~capped, mag, 0)))
@@ -145,7 +146,7 @@ def full_merge(x, z, coeffs, sins, live, truncation: _t.Truncation, capacity: in
         o = _exact_order(x, z, live)
         return o, x[o], z[o]
 
-    order, xs, zs = lax.cond(collision, exact, lambda _: (order, xs, zs), None)
+    order, xs, zs = lax.cond(shared(collision), exact, lambda _: (order, xs, zs), None)
     ls = live[order]
     cs = jnp.where(ls, coeffs[order], 0)
     ss = sins[order]
@@ -211,7 +212,7 @@ def cap_terms(x, z, coeffs, live, dropped, truncation: _t.Truncation, capacity: 
         kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: _w.weight(x[i], z[i]))
         return kept, jnp.where(kept, coeffs, 0), dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0)))
 
-    return lax.cond(jnp.sum(live) > limit, cut, lambda a: a, (live, coeffs, dropped))
+    return lax.cond(shared(jnp.sum(live) > limit), cut, lambda a: a, (live, coeffs, dropped))
 
 
 def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncation: _t.Truncation,
@@ -255,7 +256,7 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
     vo, pair_next = sorted_[3], sorted_[4]
     # equal keys of different words could interleave two pairs: then order exactly by the words
     collision = jnp.any(same_key & vo[1:] & vo[:-1] & ~pair_next)
-    order, px, pz, valid, pair_next = lax.cond(collision, lambda: in_order(_exact_order(qx, qz, valid)),
+    order, px, pz, valid, pair_next = lax.cond(shared(collision), lambda: in_order(_exact_order(qx, qz, valid)),
                                                lambda: sorted_)
     pc, ps, src = pc[order], ps[order], src[order]
     no = jnp.zeros(1, bool)
@@ -306,7 +307,7 @@ def pair_split_uncapped(x, z, coeffs, sins, live, ac, gx, gz, cos, sin, truncati
         return kept[:cap], kept[cap:], jnp.sum(jnp.where(mask & ~kept, mag, 0))
 
     if room > free:
-        live, keep_new, cut_norm = lax.cond(jnp.sum(live) + jnp.sum(keep_new) > cap, cut_both,
+        live, keep_new, cut_norm = lax.cond(shared(jnp.sum(live) + jnp.sum(keep_new) > cap), cut_both,
                                             lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
         dropped = dropped.at[rule].add(cut_norm)
         coeffs = jnp.where(live, coeffs, 0)

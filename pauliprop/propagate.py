@@ -23,8 +23,9 @@ from . import adjoint as _a
 from . import program as _p
 from . import truncation as _t
 from . import words as _w
-from .circuit import Circuit
 from . import merge as _m
+from .batching import batch_size, batched, shared
+from .circuit import Circuit
 from .paulisum import PauliSum
 from .prefix import first_set, on_cpu
 
@@ -129,7 +130,7 @@ def _remap(buf, touched, image, trunc, capacity, rec=None):
 
     unchanged = (lambda b: b) if rec is None else (lambda b: (b, _a.identity_record(capacity, *rec)))
     rooms = tuple(r for r in (capacity // 64, capacity // 16) if r >= 256)
-    pick = jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms)))
+    pick = shared(jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms))))
     return lax.switch(pick, [unchanged] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
 
 
@@ -165,8 +166,8 @@ def _rotation(buf, row, params, trunc, capacity, rec=None):
     # a rotation that commutes with every live word is the identity (its derivative is zero too):
     # common outside the observable's light cone, where it costs one pass to count
     unchanged = (lambda b: b) if rec is None else (lambda b: (b, _a.identity_record(capacity, *rec)))
-    rooms = _split_rooms(capacity)
-    pick = jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1])))
+    rooms = _split_rooms(capacity, fine=rec is None)
+    pick = shared(jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1]))))
     out = lax.switch(pick, [unchanged] + [partial(split, room=r) for r in rooms], buf)
     buf = out if rec is None else out[0]
     # the largest-terms cut, one for all rooms (each room would otherwise compile its own)
@@ -175,14 +176,15 @@ def _rotation(buf, row, params, trunc, capacity, rec=None):
     return buf if rec is None else (buf, out[1])
 
 
-def _split_rooms(capacity: int) -> tuple[int, ...]:
+def _split_rooms(capacity: int, fine: bool = True) -> tuple[int, ...]:
     """Sizes of the splitting set a rotation gathers, smallest first: it takes the smallest that
     holds its splitting words (its sort and gathers cost what the room holds). On the 127-qubit kicked
     Ising a third of the rotations split under C/64 words, the rest spread up to C/2, many between C/4
     and 3C/8 (experiments/README.md). Each room adds to the compilation, so the in-between rooms C/8
     and 3C/8 come only on CPUs with large buffers, where they save 5-15% of the run (an H100 sorts
-    fast enough that they only added 5 s of compilation)."""
-    fine = on_cpu() and capacity >= 1 << 15
+    fast enough that they only added 5 s of compilation), and not when recording for reverse mode
+    (fine=False): there they saved 2.5% of the run and cost 2 s of its compilation."""
+    fine = fine and on_cpu() and capacity >= 1 << 15
     fractions = ((1, 64), (1, 16), (1, 8), (1, 4), (3, 8), (1, 2)) if fine else ((1, 64), (1, 16), (1, 4), (1, 2))
     rooms = tuple(r for r in (capacity * a // b for a, b in fractions) if r >= 256)
     return rooms + (capacity,)
@@ -354,8 +356,14 @@ def _state_arg(state):
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _estimate(static, prog_arrays, obs_x, obs_z, coeffs, params):
-    """<state| propagated observable |state> and the stats: the flat scan, then the overlap."""
-    truncation, capacity, kinds, state, n = static
+    """<state| propagated observable |state> and the stats. Its reverse mode is the adjoint sweep
+    (_estimate_fwd); batches of it share their branches (batching.py)."""
+    return batched(partial(_value, static))(prog_arrays, obs_x, obs_z, coeffs, params)
+
+
+def _value(static, prog_arrays, obs_x, obs_z, coeffs, params):
+    """The flat scan, then the overlap."""
+    truncation, capacity, kinds, state, n, budget = static
     obs = PauliSum(obs_x, obs_z, coeffs, n)
     out, stats = propagate_buffers(prog_arrays, obs, params, truncation, capacity, kinds, checkpointed=False)
     return _overlap_value(out, state), stats
@@ -369,16 +377,24 @@ def _overlap_value(out: PauliSum, state):
 
 
 def _estimate_fwd(static, prog_arrays, obs_x, obs_z, coeffs, params):
+    return batched(partial(_value_and_gradients, static))(prog_arrays, obs_x, obs_z, coeffs, params)
+
+
+def _value_and_gradients(static, prog_arrays, obs_x, obs_z, coeffs, params):
     """Value and gradient in one pass (adjoint.value_and_gradient): the output is a scalar, so the
     backward rule only scales the gradient by its cotangent."""
     from .overlap import word_overlaps
 
-    truncation, capacity, kinds, state, n = static
+    truncation, capacity, kinds, state, n, budget = static
     dtype = jnp.result_type(float)
     params_ = jnp.asarray(params, dtype)
 
     obs = PauliSum(obs_x, obs_z, coeffs, n)
-    st = _setup(prog_arrays, obs, params_, truncation, capacity, kinds, segment_length)
+    length = int(prog_arrays["kind"].shape[0])
+    # every gate's record when they fit the budget (one pass forward), else sqrt(L) checkpoints
+    stored = length * _a.record_bytes(capacity, _p.DAMP in kinds, dtype) * batch_size() <= budget
+    st = _setup(prog_arrays, obs, params_, truncation, capacity, kinds, (lambda n: max(n, 1)) if stored
+                else segment_length)
     rows = {k: v.reshape((-1, st.seg) + v.shape[1:]) for k, v in st.rows.items()}
     num_segments = rows["kind"].shape[0]
 
@@ -387,9 +403,14 @@ def _estimate_fwd(static, prog_arrays, obs_x, obs_z, coeffs, params):
         w = jnp.where(buf.live, w.astype(dtype), 0)
         return jnp.sum(buf.coeffs * w), w
 
-    value, buf, terms, d_angles, lam0 = _a.value_and_gradient(
-        st.buf, rows, params_, num_segments, lambda b, r: lax.scan(st.recording_step, b, r), final_cotangent,
-        lambda row: _angle(row, params_).astype(dtype))
+    record_scan = lambda b, r: lax.scan(st.recording_step, b, r)
+    angle_of = lambda row: _angle(row, params_).astype(dtype)
+    if stored:
+        value, buf, terms, d_angles, lam0 = _a.value_and_gradient_stored(st.buf, st.rows, record_scan,
+                                                                         final_cotangent, angle_of)
+    else:
+        value, buf, terms, d_angles, lam0 = _a.value_and_gradient(st.buf, rows, params_, num_segments, record_scan,
+                                                                  final_cotangent, angle_of)
     # d value / d params: each rotation's angle is scale * params[index] + offset
     d_rows = d_angles.reshape(-1)
     index = rows["param_index"].reshape(-1)
@@ -554,7 +575,8 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         params = jnp.zeros(0, dtype) if params is None else params
         val, stats = _estimate_jit(arrays, jnp.asarray(observable.x, jnp.uint32), jnp.asarray(observable.z, jnp.uint32),
                                    jnp.asarray(observable.coeffs, dtype), params, truncation=truncation, capacity=cap,
-                                   kinds=_kinds(prog), state=_state_arg(state), num_qubits=circuit.num_qubits)
+                                   kinds=_kinds(prog), state=_state_arg(state), num_qubits=circuit.num_qubits,
+                                   record_budget=_a.record_budget())
         jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
         stats = stats._replace(capacity=cap)
         return (val, stats) if return_stats else val
@@ -563,11 +585,13 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     return (val, stats) if return_stats else val
 
 
-@partial(jax.jit, static_argnames=("truncation", "capacity", "kinds", "state", "num_qubits"))
-def _estimate_jit(arrays, obs_x, obs_z, coeffs, params, *, truncation, capacity, kinds, state, num_qubits):
+@partial(jax.jit, static_argnames=("truncation", "capacity", "kinds", "state", "num_qubits", "record_budget"))
+def _estimate_jit(arrays, obs_x, obs_z, coeffs, params, *, truncation, capacity, kinds, state, num_qubits,
+                  record_budget):
     # jitted also under a caller's trace: the gate table stays an argument, not a constant of the
     # caller's program, so circuits of one shape share one compilation
-    return _estimate((truncation, capacity, kinds, state, num_qubits), arrays, obs_x, obs_z, coeffs, params)
+    return _estimate((truncation, capacity, kinds, state, num_qubits, record_budget), arrays, obs_x, obs_z, coeffs,
+                     params)
 
 
 def _kinds(prog) -> tuple[int, ...]:

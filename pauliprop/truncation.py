@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .batching import shared
 from .prefix import first_set, prefix_count
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
@@ -122,7 +123,8 @@ def _bucket_cut(bits, mask, k, tb_at, value_bits, itype, fallback):
 
     covered = jnp.sum(mask) <= k
     pick = jnp.where(covered, 0, jnp.where(hist[d] <= min(BUCKET_ROOM, bits.shape[0]), 1, 2))
-    return lax.switch(pick, [lambda _: mask, gathered_bucket, lambda _: fallback()], None)
+    # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
+    return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: fallback()], None))
 
 
 def histogram(bins, size: int):
