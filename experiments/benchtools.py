@@ -70,3 +70,18 @@ def default_out(name: str, backend: str) -> Path:
     while out.exists():
         out, i = Path(f"{base}_{i}.json"), i + 1
     return out
+
+
+def git_state() -> dict:
+    """The checkout's commit and the files that differ from it (results of a dirty tree say so)."""
+    import subprocess
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--short", "--", "pauliprop", "experiments")
+    return {"commit": git("rev-parse", "HEAD"), "modified": status.splitlines() if status else []}

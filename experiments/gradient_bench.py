@@ -1,0 +1,254 @@
+"""Gradients of the Pauli-path estimator: value_and_grad against value, compile time, vmap throughput.
+
+Parts (issue 3's benchmarks; every time is time.perf_counter around jax.block_until_ready):
+  a  127-qubit kicked Ising (`pauliprop.models.kicked_ising_parametrized`: every RX and RZZ its own
+     parameter, 5,420 at 20 steps), <Z62> at theta_h = pi/4, theta_j = -pi/2, truncation
+     min_abs_coeff 1e-4 and max_weight 8. The capacity is expectation_fn's own (one propagation at
+     these angles, times --headroom, as a power of two). Value: jax.jit of the objective; value_and_grad:
+     the objective's compiled step (custom adjoint, pauliprop/adjoint.py). Each is traced, lowered
+     and compiled explicitly (trace_s, compile_s), run once (first_run_s), then --repeats times
+     (run_s: their median).
+     Reverse mode keeps every gate's record when they fit `pauliprop.adjoint.record_budget()` (a
+     quarter of the device's memory; `reverse_mode` says which ran); the checkpointed mode (sqrt(L)
+     segments replayed, O(sqrt(L) C) memory) is timed too, forced with RECORD_BUDGET = 0.
+     Goal: value_and_grad <= 3x value.
+  c  compile time of part a's value_and_grad at --steps and at twice that (same capacity), in both
+     reverse modes: flat in depth because the gate table is scanned, not unrolled. Goal: < 10 s.
+  b  PauliPropagation.jl's 64-qubit TFI gradient workload: 4 layers of RZZ on the open chain's 63
+     bonds (even bonds, then odd) and RX on all 64 qubits, 508 parameters drawn N(0, 1) (seed 42;
+     the Julia example draws randn with seed 42, a different stream), H = sum X_i + sum Z_i Z_{i+1},
+     min_abs_coeff 1e-4 and max_weight 5, start |0>. Its published time, ForwardDiff: 2.08 s
+     (DESIGN.md section 7; Julia is not installed here, so that figure is quoted, not re-run).
+  d  vmap throughput: value_and_grad of part b's circuit at 20 qubits for 256 parameter sets, one
+     jax.jit(jax.vmap(...)) call against a Python loop of the compiled single step.
+
+Examples
+  python experiments/gradient_bench.py                      # all parts (CPU: about 3 minutes)
+  python experiments/gradient_bench.py --parts b,d --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import benchtools  # noqa: E402
+import pauliprop as pp  # noqa: E402
+from pauliprop import adjoint, models  # noqa: E402
+
+OPTIONS = pp.CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
+PUBLISHED_PPJL_S = 2.08  # PauliPropagation.jl, 64 qubits, 4 layers, 508 params, ForwardDiff (DESIGN.md)
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - t0
+
+
+def measure(fn, args, repeats: int) -> dict:
+    """Trace+lower, compile and run times of jax.jit(fn) (already jitted fns are accepted)."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn, compiler_options=OPTIONS)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    # the first run also maps its buffers (gigabytes of records on a CPU: 2-3x a later run)
+    out, first = _timed(compiled, *args)
+    runs = []
+    for _ in range(repeats):
+        out, s = _timed(compiled, *args)
+        runs.append(s)
+    return {"trace_lower_s": t1 - t0, "compile_s": t2 - t1, "first_run_s": first, "run_s": statistics.median(runs),
+            "runs_s": runs, "out": out}
+
+
+def kicked_ising_case(steps: int):
+    c = models.kicked_ising_parametrized(steps)
+    angles = np.tile(np.r_[np.full(127, math.pi / 4), np.full(144, -math.pi / 2)], steps)
+    return c, models.single_z(62), angles, pp.Truncation(min_abs_coeff=1e-4, max_weight=8)
+
+
+def part_a(steps: int, repeats: int, headroom: float) -> dict:
+    c, obs, angles, trunc = kicked_ising_case(steps)
+    t0 = time.perf_counter()
+    f = pp.expectation_fn(c, obs, angles, truncation=trunc, headroom=headroom)
+    probe_s = time.perf_counter() - t0
+    p = jnp.asarray(angles)
+    value = measure(f, (p,), repeats)
+    records = len(c.instructions) * adjoint.record_bytes(f.capacity, False, jnp.float64)
+    vg = measure(f.value_and_grad, (p,), repeats)
+    v, g = vg.pop("out")
+    v_only = value.pop("out")
+    # the other reverse mode: sqrt(L) checkpoints replayed (what runs when the records do not fit)
+    budget, adjoint.RECORD_BUDGET = adjoint.RECORD_BUDGET, 0
+    try:
+        checkpointed = measure(jax.jit(jax.value_and_grad(f), compiler_options=OPTIONS), (p,), repeats)
+    finally:
+        adjoint.RECORD_BUDGET = budget
+    g_checkpointed = checkpointed.pop("out")[1]
+    _, stats = pp.propagate(c, obs, angles, trunc, capacity=f.capacity)
+    return {"qubits": 127, "steps": steps, "params": c.num_params, "gates": len(c.instructions),
+            "capacity": f.capacity, "peak_terms": int(stats.max_terms_seen), "probe_s": probe_s,
+            "value": float(v_only), "value_from_vg": float(v), "grad_norm": float(jnp.linalg.norm(g)),
+            "reverse_mode": "stored records" if records <= adjoint.record_budget() else "checkpointed",
+            "records_bytes": records, "record_budget_bytes": adjoint.record_budget(),
+            "value_timing": value, "value_and_grad_timing": vg, "ratio": vg["run_s"] / value["run_s"],
+            "checkpointed_timing": checkpointed, "checkpointed_ratio": checkpointed["run_s"] / value["run_s"],
+            "checkpointed_max_grad_diff": float(jnp.abs(g_checkpointed - g).max()), "goal_ratio": 3.0}
+
+
+def part_c(steps: int, capacity: int) -> dict:
+    """Compile times of value_and_grad in both reverse modes at steps and 2 * steps."""
+    out = {}
+    for mode, budget in (("stored records", 1 << 62), ("checkpointed", 0)):
+        saved, adjoint.RECORD_BUDGET = adjoint.RECORD_BUDGET, budget
+        try:
+            for s in (steps, 2 * steps):
+                c, obs, angles, trunc = kicked_ising_case(s)
+                f = pp.expectation_fn(c, obs, angles, truncation=trunc, capacity=capacity)
+                p = jnp.asarray(angles)
+                t0 = time.perf_counter()
+                lowered = jax.jit(jax.value_and_grad(f), compiler_options=OPTIONS).lower(p)
+                t1 = time.perf_counter()
+                lowered.compile()
+                out[f"{mode}, {s} steps"] = {"gates": len(c.instructions), "trace_lower_s": t1 - t0,
+                                             "compile_s": time.perf_counter() - t1}
+        finally:
+            adjoint.RECORD_BUDGET = saved
+    return {"capacity": capacity, "by_mode_and_steps": out, "goal_compile_s": 10.0}
+
+
+def tfi_case(n: int, layers: int = 4, seed: int = 42):
+    c = pp.Circuit(n)
+    k = 0
+    bonds = [(i, i + 1) for i in range(0, n - 1, 2)] + [(i, i + 1) for i in range(1, n - 1, 2)]
+    for _ in range(layers):
+        for a, b in bonds:
+            c.rzz(a, b, pp.Param(k))
+            k += 1
+        for q in range(n):
+            c.rx(q, pp.Param(k))
+            k += 1
+    h = pp.PauliSum.from_list([("X", [q], 1.0) for q in range(n)] + [("ZZ", [q, q + 1], 1.0) for q in range(n - 1)], n)
+    return c, h, np.random.default_rng(seed).normal(size=c.num_params), pp.Truncation(min_abs_coeff=1e-4, max_weight=5)
+
+
+def part_b(repeats: int) -> dict:
+    c, h, thetas, trunc = tfi_case(64)
+    t0 = time.perf_counter()
+    f = pp.expectation_fn(c, h, thetas, truncation=trunc)
+    probe_s = time.perf_counter() - t0
+    p = jnp.asarray(thetas)
+    value = measure(f, (p,), repeats)
+    vg = measure(f.value_and_grad, (p,), repeats)
+    v, g = vg.pop("out")
+    value.pop("out")
+    _, stats = pp.propagate(c, h, thetas, trunc, capacity=f.capacity)
+    return {"qubits": 64, "layers": 4, "params": c.num_params, "capacity": f.capacity,
+            "peak_terms": int(stats.max_terms_seen), "probe_s": probe_s, "value": float(v),
+            "grad_norm": float(jnp.linalg.norm(g)), "value_timing": value, "value_and_grad_timing": vg,
+            "first_call_s": vg["trace_lower_s"] + vg["compile_s"] + vg["first_run_s"],
+            "peer": {"tool": "PauliPropagation.jl (ForwardDiff)", "gradient_s": PUBLISHED_PPJL_S,
+                     "source": "published figure (DESIGN.md section 7), not re-run here"}}
+
+
+def part_d(batch: int, n: int) -> dict:
+    c, h, _, trunc = tfi_case(n)
+    sets = np.random.default_rng(7).normal(size=(batch, c.num_params))
+    f = pp.expectation_fn(c, h, sets[0], truncation=trunc, headroom=4)
+    ps = jnp.asarray(sets)
+    batched = jax.jit(jax.vmap(jax.value_and_grad(f)), compiler_options=OPTIONS)
+    (vals, grads), first_batched = _timed(batched, ps)
+    (vals, grads), batched_s = _timed(batched, ps)
+    one = f.value_and_grad
+    _, first_one = _timed(one, ps[0])
+    t0 = time.perf_counter()
+    loop = [one(ps[k]) for k in range(batch)]
+    jax.block_until_ready(loop)
+    loop_s = time.perf_counter() - t0
+    worst = max(abs(float(loop[k][0]) - float(vals[k])) for k in range(batch))
+    worst_g = max(float(jnp.abs(loop[k][1] - grads[k]).max()) for k in range(batch))
+    return {"qubits": n, "params": c.num_params, "batch": batch, "capacity": f.capacity,
+            "vmap_first_call_s": first_batched, "vmap_s": batched_s, "loop_first_call_s": first_one, "loop_s": loop_s,
+            "vmap_sets_per_s": batch / batched_s, "loop_sets_per_s": batch / loop_s,
+            "max_value_diff": worst, "max_grad_diff": worst_g}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--parts", default="a,c,b,d", help="comma list of a, b, c, d (default: all)")
+    ap.add_argument("--steps", type=int, default=20, help="kicked Ising steps of parts a and c (20)")
+    ap.add_argument("--headroom", type=float, default=1.2, help="parts a and c: capacity = the peak at these "
+                    "angles times this, as a power of two (1.2: 65,536 slots for a peak of 53,130)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs after compiling (median reported)")
+    ap.add_argument("--batch", type=int, default=256, help="part d: parameter sets (256)")
+    ap.add_argument("--batch-qubits", type=int, default=20, help="part d: qubits of the TFI circuit (20)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON output (default experiments/results/"
+                    "gradient_bench_<backend>_<date>.json)")
+    args = ap.parse_args(argv)
+    parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    for s in parts:
+        if s not in "abcd" or len(s) != 1:
+            ap.error(f"unknown part {s!r}: use a, b, c, d")
+    result = {"environment": benchtools.environment(()), "git": benchtools.git_state(), "parts": {}}
+    out = args.out or benchtools.default_out("gradient_bench", jax.default_backend())
+
+    def save():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=lambda x: np.asarray(x).tolist()))
+
+    capacity = None
+    for part in parts:
+        t0 = time.perf_counter()
+        if part == "a":
+            r = part_a(args.steps, args.repeats, args.headroom)
+            capacity = r["capacity"]
+            print(f"a: value {r['value']:.7f}, capacity {r['capacity']}, value {r['value_timing']['run_s']:.3f} s, "
+                  f"value_and_grad ({r['reverse_mode']}) {r['value_and_grad_timing']['run_s']:.3f} s, ratio "
+                  f"{r['ratio']:.2f} (compile {r['value_timing']['compile_s']:.1f} / "
+                  f"{r['value_and_grad_timing']['compile_s']:.1f} s); checkpointed "
+                  f"{r['checkpointed_timing']['run_s']:.3f} s, ratio {r['checkpointed_ratio']:.2f}")
+        elif part == "c":
+            if capacity is None:
+                c, obs, angles, trunc = kicked_ising_case(args.steps)
+                capacity = pp.expectation_fn(c, obs, angles, truncation=trunc, headroom=args.headroom).capacity
+            r = part_c(args.steps, capacity)
+            print("c: " + "; ".join(f"{k}: trace+lower {v['trace_lower_s']:.1f} s, compile {v['compile_s']:.1f} s"
+                                    for k, v in r["by_mode_and_steps"].items()))
+        elif part == "b":
+            r = part_b(args.repeats)
+            print(f"b: value {r['value']:.6f}, capacity {r['capacity']}, value_and_grad "
+                  f"{r['value_and_grad_timing']['run_s']:.3f} s (first call {r['first_call_s']:.1f} s) vs "
+                  f"PauliPropagation.jl {PUBLISHED_PPJL_S} s")
+        else:
+            r = part_d(args.batch, args.batch_qubits)
+            print(f"d: {r['batch']} sets: vmap {r['vmap_s']:.2f} s ({r['vmap_sets_per_s']:.0f}/s), loop "
+                  f"{r['loop_s']:.2f} s ({r['loop_sets_per_s']:.0f}/s), max diff {r['max_grad_diff']:.1e}")
+        r["wall_s"] = time.perf_counter() - t0
+        result["parts"][part] = r
+        save()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
