@@ -156,6 +156,9 @@ def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_ex
     assert _split_rooms(1 << 14) == (256, 1024, 4096, 8192, 16384)
     assert _split_rooms(1 << 10) == (256, 512, 1024)
     assert _split_rooms(64) == (64,)
+    # recording for reverse mode: no in-between rooms on CPUs, only C/16 and C/2 on GPUs (compile time)
+    assert _split_rooms(1 << 15, recording=True) == ((512, 2048, 8192, 16384, 32768) if on_cpu()
+                                                       else (2048, 16384, 32768))
     rng = np.random.default_rng(3)
     n = 10
     labels = {"".join(rng.choice(list("IXYZ"), n - 1)) + "I" for _ in range(6000)}
