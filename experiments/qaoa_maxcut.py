@@ -7,7 +7,7 @@ by brute force over all 2^n bitstrings (numpy).
 Ansatz: `pp.ansatz.qaoa(edges, --layers)`: H on every qubit, then per layer exp(-i gamma C) and the
 mixer exp(-i beta sum X); parameters (gamma_0, beta_0, gamma_1, ...). --starts start points, start s
 drawn uniformly from [0, --init-range)^(2p) with numpy seed s. Each start is optimized with
-optax.adam (--lr, --steps) maximizing <C>, once per estimator, from the same point:
+optax.adam (--lr, --steps; --decay: cosine decay to 1%) maximizing <C>, once per estimator, from the same point:
   pauli        pp.expectation_fn(..., method="pauli"). Untruncated where it fits (default up to 10
                nodes: 5.1e5 words at 10 nodes, p = 3); larger graphs default to min_abs_coeff 1e-3
                (16 nodes, p = 3 near the optimum: 1.2e5 words; 3e-4 needs 7.9e5 words and 8 s per
@@ -171,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--init-range", type=float, default=0.8, help="start angles uniform in [0, this) (0.8)")
     ap.add_argument("--steps", type=int, default=150, help="adam steps per start (150)")
     ap.add_argument("--lr", type=float, default=0.05, help="adam learning rate (0.05)")
+    ap.add_argument("--decay", action="store_true", help="cosine-decay the learning rate to 1%% over the steps "
+                    "(both estimators), so the last iterates settle instead of hopping around the optimum")
     ap.add_argument("--min-abs-coeff", type=float, default=None, help="Pauli truncation threshold; 0 = exact "
                     f"(default: exact up to {EXACT_UP_TO_NODES} nodes, else 1e-3)")
     ap.add_argument("--capacity", type=int, default=None, help="Pauli term capacity (default: expectation_fn's "
@@ -209,7 +211,8 @@ def main(argv=None):
     exact = jax.jit(lambda x: pp.expectation(circuit, C, x, method="statevector"))
     records = []
     for m in methods:
-        obj = Objective(circuit, C, starts[0], m, truncation if m == "pauli" else None, args.capacity, args.lr)
+        lr = optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01) if args.decay else args.lr
+        obj = Objective(circuit, C, starts[0], m, truncation if m == "pauli" else None, args.capacity, lr)
         runs = []
         for s, x0 in enumerate(starts):
             run = obj.optimize(x0, args.steps)

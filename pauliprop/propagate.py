@@ -556,6 +556,9 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     method: "pauli" (backward Pauli propagation, with truncation) or "statevector" (exact, small n).
     state: "0", "+", a bitstring such as "0110" (character q is qubit q), a string over
     0 1 + - r l per qubit, or an (n, 3) array of Bloch vectors (a product state).
+    Differentiable (reverse mode) in params and in the observable's coefficients: the derivative of
+    the estimator with its truncation decisions frozen, by the adjoint sweep of adjoint.py; under
+    jax.vmap the batch shares the engine's branches (batching.py). Under a trace pass `capacity`.
     """
     from .overlap import overlap, parse_state
 
