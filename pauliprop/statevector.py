@@ -79,6 +79,20 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128):
     return psi.reshape(-1)
 
 
+def sample(circuit: Circuit, shots: int, seed: int = 0, params=None, state="0", dtype=jnp.complex128) -> np.ndarray:
+    """`shots` measurements of every qubit of circuit|state> in the Z basis: a (shots, n) bool array,
+    column q = qubit q (Stim's layout; row k as a bitstring, character q = qubit q, is the `state`
+    string that would prepare it). Reproducible: the same seed gives the same shots."""
+    if isinstance(shots, bool) or not isinstance(shots, (int, np.integer)) or shots < 0:
+        raise ValueError(f"shots must be a non-negative int, got {shots!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    n = circuit.num_qubits
+    probs = jnp.abs(simulate(circuit, params, state, dtype)) ** 2
+    index = jax.random.choice(jax.random.PRNGKey(int(seed)), probs.shape[0], (int(shots),), p=probs / jnp.sum(probs))
+    return (np.asarray(index)[:, None] >> np.arange(n)) & 1 == 1
+
+
 def pauli_expectations(psi, obs: PauliSum):
     """<psi|P_t|psi> for every term of obs (real), for a state of 2^n amplitudes."""
     n = obs.num_qubits

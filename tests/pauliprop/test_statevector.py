@@ -146,3 +146,40 @@ def test_gradient_matches_finite_differences():
     eps = 1e-6
     fd = [(float(f(p0.at[i].add(eps))) - float(f(p0.at[i].add(-eps)))) / (2 * eps) for i in range(2)]
     np.testing.assert_allclose(g, fd, atol=1e-7)
+
+
+def test_samples_of_a_basis_state_are_that_bitstring_little_endian():
+    bits = SV.sample(pp.Circuit(4).x(0).x(2), 50, seed=3)
+    assert bits.shape == (50, 4) and bits.dtype == bool
+    assert np.all(bits == [True, False, True, False])  # column q = qubit q
+
+
+def test_samples_follow_the_born_rule():
+    """A random 5-qubit circuit: 2e5 shots, the empirical distribution within a few standard errors
+    of |amplitude|^2 in every outcome; a Bell pair's two bits always agree."""
+    rng = np.random.default_rng(4)
+    c = pp.Circuit(5)
+    for layer in range(3):
+        for q in range(5):
+            c.ry(q, float(rng.uniform(-2, 2))).rz(q, float(rng.uniform(-2, 2)))
+        for q in range(layer % 2, 4, 2):
+            c.cx(q, q + 1)
+    probs = np.abs(np.asarray(SV.simulate(c))) ** 2
+    shots = 200_000
+    bits = SV.sample(c, shots, seed=11)
+    counts = np.bincount(bits @ (1 << np.arange(5)), minlength=32)
+    stderr = np.sqrt(probs * (1 - probs) / shots)
+    assert np.all(np.abs(counts / shots - probs) <= 5 * stderr + 3 / shots)  # + 3 counts: near-zero outcomes
+    bell = SV.sample(pp.Circuit(2).h(0).cx(0, 1), 1000, seed=0)
+    assert np.all(bell[:, 0] == bell[:, 1]) and 400 < bell[:, 0].sum() < 600
+
+
+def test_sampling_is_reproducible_by_seed_and_checks_its_arguments():
+    c = pp.Circuit(3).h(0).h(1).h(2)
+    a, b, other = SV.sample(c, 64, seed=7), SV.sample(c, 64, seed=7), SV.sample(c, 64, seed=8)
+    assert np.array_equal(a, b) and not np.array_equal(a, other)
+    assert SV.sample(c, 0).shape == (0, 3)
+    with pytest.raises(ValueError, match="shots must be a non-negative int, got -1"):
+        SV.sample(c, -1)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        SV.sample(c, 10, seed=0.5)
