@@ -63,8 +63,11 @@ def initial_state(state, num_qubits, dtype=jnp.complex128):
     return jnp.asarray(psi, dtype)
 
 
-def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128):
-    """The 2^n amplitudes of circuit|state> (little-endian)."""
+def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | None = None):
+    """The 2^n amplitudes of circuit|state> (little-endian).
+
+    fuse: None (one pass over the state per gate), or k: runs of gates on at most k qubits are
+    multiplied into one unitary first and applied in one pass (fusion.py)."""
     n = circuit.num_qubits
     if n > MAX_QUBITS:
         raise ValueError(f"{n} qubits need 2^{n} amplitudes ({16 * 2**n / 2**30:.0f} GiB at complex128); "
@@ -73,9 +76,17 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128):
         raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
     if params is not None:
         params = jnp.asarray(params)
+    if fuse is not None:
+        from .fusion import block_matrix, partition
+
+        blocks = partition(circuit, fuse)  # checks fuse before allocating
     psi = initial_state(state, n, dtype).reshape((2,) * n)
-    for ins in circuit.instructions:
-        psi = apply_matrix(psi, _gate_matrix(ins, params, dtype), ins.qubits, n)
+    if fuse is None:
+        for ins in circuit.instructions:
+            psi = apply_matrix(psi, _gate_matrix(ins, params, dtype), ins.qubits, n)
+    else:
+        for block in blocks:
+            psi = apply_matrix(psi, block_matrix(circuit, block, params, dtype), block.qubits, n)
     return psi.reshape(-1)
 
 

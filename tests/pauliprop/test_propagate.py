@@ -213,20 +213,11 @@ def test_noisy_circuits_match_the_density_matrix(data):
 
 # ---- gradients and transforms ---------------------------------------------------------------------
 
-@settings(max_examples=4)  # each example traces the gradient afresh (about 3 s)
-@given(unitary_case(max_n=3))
-def test_gradient_equals_statevector_gradient(case):
-    n, ops, terms, params, state = case
-    c, h = build(n, ops), paulisum(terms, n)
-    p = jnp.asarray(params)
-    g = jax.grad(lambda q: pp.expectation(c, h, q, state=state, capacity=CAPACITY))(p)
-    g_ref = jax.grad(lambda q: pp.expectation(c, h, q, state=state, method="statevector"))(p)
-    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
-
+# random circuits' gradients against the state vector's: test_adjoint.py (the reverse mode's own file)
 
 def test_gradient_at_zero_angles_equals_statevector_gradient():
     n = 3
-    c, h = fixed_unitary_circuit(n), fixed_observable(n)  # the shape of test_gradient_equals_statevector_gradient
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
     p = jnp.zeros(NUM_PARAMS)  # a common initialisation of variational loops
     g = jax.grad(lambda q: pp.expectation(c, h, q, capacity=CAPACITY))(p)
     g_ref = jax.grad(lambda q: pp.expectation(c, h, q, method="statevector"))(p)
