@@ -42,23 +42,36 @@ def _gate_matrix(ins, params, dtype):
 
 def apply_matrix(psi, matrix, qubits, num_qubits):
     """Apply a k-qubit matrix (little-endian on `qubits`) to a state of shape (2,)*n (axis n-1-q = qubit q)."""
-    k = len(qubits)
-    m = matrix.reshape((2,) * (2 * k))  # row index bits: qubits[k-1] ... qubits[0]
-    axes = [num_qubits - 1 - q for q in reversed(qubits)]  # matrix axis j <-> qubits[k-1-j]
+    return apply_on_axes(psi, matrix, [num_qubits - 1 - q for q in qubits])
+
+
+def apply_on_axes(psi, matrix, axes):
+    """Apply a k-qubit matrix to the array axes `axes` of psi: bit i of the matrix index is axis
+    axes[i] (other axes, trailing ones included, are untouched)."""
+    k = len(axes)
+    m = matrix.reshape((2,) * (2 * k))  # row index bits, most significant first: axes[k-1] ... axes[0]
+    axes = list(reversed(axes))  # matrix axis j <-> axes[k-1-j]
     # HIGHEST: GPUs otherwise contract complex64 in TF32 (1e-4 errors)
     out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), axes), precision=jax.lax.Precision.HIGHEST)
     return jnp.moveaxis(out, list(range(k)), axes)
 
 
-def initial_state(state, num_qubits, dtype=jnp.complex128):
-    """Product state |psi> from a state description (pure states only)."""
+def product_kets(state, num_qubits) -> np.ndarray:
+    """(n, 2) single-qubit kets of a pure product state description (row q: qubit q)."""
     bloch = bloch_vectors(state, num_qubits)
     if np.any(np.abs(np.linalg.norm(bloch, axis=1) - 1) > 1e-9):
         raise ValueError("the state-vector backend needs pure product states (Bloch vectors of norm 1)")
-    psi = np.ones(1, dtype=complex)
-    for bx, by, bz in bloch:  # qubit q is bit q: later qubits are more significant
+    kets = []
+    for bx, by, bz in bloch:
         theta, phi = math.acos(max(-1.0, min(1.0, bz))), math.atan2(by, bx)
-        ket = np.array([math.cos(theta / 2), np.exp(1j * phi) * math.sin(theta / 2)])
+        kets.append([math.cos(theta / 2), np.exp(1j * phi) * math.sin(theta / 2)])
+    return np.array(kets, dtype=complex).reshape(num_qubits, 2)
+
+
+def initial_state(state, num_qubits, dtype=jnp.complex128):
+    """Product state |psi> from a state description (pure states only)."""
+    psi = np.ones(1, dtype=complex)
+    for ket in product_kets(state, num_qubits):  # qubit q is bit q: later qubits are more significant
         psi = np.kron(ket, psi)
     return jnp.asarray(psi, dtype)
 

@@ -1,0 +1,99 @@
+"""State vectors sharded over devices: the leading (global) qubits index the device, the rest live in
+each device's block, and gates run on local qubits only (HyQuas section 5).
+
+With D = 2^G devices, the mesh has G axes of size 2, one per global qubit. A gate (or fused block)
+that touches a global qubit first swaps it with a local qubit it does not touch: one all-to-all on
+that qubit's mesh axis, which exchanges half of every block. Which logical qubit sits where is
+tracked while the circuit is traced, so nothing is transposed back between gates; at the end the
+layout is restored (swaps, then a local transpose) and the amplitudes come out little-endian,
+sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
+devices, and on several GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+
+from .circuit import Circuit
+
+
+def qubit_mesh(devices=None) -> Mesh:
+    """A mesh of G axes of size 2 ("g0" the most significant qubit) over 2^G devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    g = int(math.log2(len(devices))) if devices else -1
+    if g < 0 or 2**g != len(devices):
+        raise ValueError(f"sharding needs a power of two of devices, got {len(devices)}")
+    return Mesh(np.array(devices).reshape((2,) * g), tuple(f"g{i}" for i in range(g)))
+
+
+def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | None = None,
+                     mesh: Mesh | None = None):
+    """circuit|state> as 2^n amplitudes (little-endian) sharded over `mesh` (default: all devices)
+    by their leading G bits. fuse: as in statevector.simulate. Equal to the single-device simulate."""
+    from . import statevector as sv
+    from .fusion import block_matrix, partition
+
+    mesh = mesh or qubit_mesh()
+    G, n = len(mesh.axis_names), circuit.num_qubits
+    L = n - G
+    if L < 0:
+        raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
+    if circuit.num_params and params is None:
+        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
+    if L > sv.MAX_QUBITS:
+        raise ValueError(f"{n} qubits over {2**G} devices need 2^{L} amplitudes per device "
+                         f"({16 * 2**L / 2**30:.0f} GiB at complex128); the limit is 2^{sv.MAX_QUBITS}")
+    if fuse is None:
+        ops = [(ins.qubits, lambda p, ins=ins: sv._gate_matrix(ins, p, dtype)) for ins in circuit.instructions]
+    else:
+        ops = [(b.qubits, lambda p, b=b: block_matrix(circuit, b, p, dtype)) for b in partition(circuit, fuse)]
+    widest = max((len(q) for q, _ in ops), default=0)
+    if widest > L:
+        raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
+                         f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
+    kets = sv.product_kets(state, n)
+    params = jnp.zeros(0) if params is None else jnp.asarray(params)
+
+    def local(params):
+        # layout: global slot i holds logical qubit glob[i]; local axis j holds loc[j]
+        glob, loc = [n - 1 - i for i in range(G)], [n - 1 - G - j for j in range(L)]
+        psi = jnp.ones((), dtype)
+        for q in loc:
+            psi = psi[..., None] * jnp.asarray(kets[q], dtype)
+        for i, q in enumerate(glob):
+            psi = psi * jnp.asarray(kets[q], dtype)[lax.axis_index(f"g{i}")]
+
+        def swap(psi, i, j):  # global slot i <-> local axis j
+            psi = lax.all_to_all(psi, f"g{i}", j, j, tiled=True)
+            glob[i], loc[j] = loc[j], glob[i]
+            return psi
+
+        def make_local(psi, qubits, keep):
+            for q in qubits:
+                if q in glob:
+                    free = next(j for j in range(L) if loc[j] not in keep)
+                    psi = swap(psi, glob.index(q), free)
+            return psi
+
+        for qubits, matrix in ops:
+            psi = make_local(psi, qubits, set(qubits))
+            psi = sv.apply_on_axes(psi, matrix(params), [loc.index(q) for q in qubits])
+        # restore: slot i holds qubit n-1-i, local axis j holds n-1-G-j
+        for i in range(G):
+            if glob[i] != n - 1 - i:
+                psi = make_local(psi, [n - 1 - i], set())  # bring it local (wherever it is)...
+                psi = swap(psi, i, loc.index(n - 1 - i))  # ...then into its slot
+        psi = jnp.transpose(psi, [loc.index(n - 1 - G - j) for j in range(L)])
+        return psi.reshape(-1)
+
+    if G == 0:
+        return local(params)
+    # jitted: shard_map outside jit would dispatch op by op
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(mesh.axis_names),
+                                 check_vma=False))(params)
