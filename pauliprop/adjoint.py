@@ -19,7 +19,6 @@ Memory: (L/seg) buffers + seg records, O(sqrt(L) C).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .batching import shared
+from .memory import device_memory_bytes
 
 # A codes (3 bits): 0, 1, -1, cos, then the gate's four table values (channel factors for the site's
 # I, X, Z, Y; amplitude damping's 1 - gamma and sqrt(1 - gamma))
@@ -103,14 +103,7 @@ def record_budget() -> int:
     the machine's physical memory on CPUs). Read when a gradient is traced."""
     if RECORD_BUDGET is not None:
         return int(RECORD_BUDGET)
-    limit = None
-    try:
-        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
-    except Exception:  # noqa: BLE001 - backends without memory stats (CPU)
-        limit = None
-    if not limit:
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(limit) // 4
+    return device_memory_bytes() // 4
 
 
 def record_bytes(capacity: int, permutes: bool, dtype) -> int:

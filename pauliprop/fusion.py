@@ -1,57 +1,125 @@
-"""Gate fusion for the state-vector backend: runs of gates on at most k qubits become one dense
-k-qubit unitary, applied to the state as one matrix product (HyQuas's TransMM step).
+"""Gate fusion for the state-vector backend: the circuit becomes a short plan of passes over the state.
 
-A state of 2^n amplitudes costs a full pass of memory per applied matrix, whatever its size up to a
-few qubits, so fusing g gates into one block saves g - 1 passes. `partition` groups the gates
-greedily (HyQuas's partitioner also picks k and the kernel per group by a cost model; here k is
-given), and `block_matrix` multiplies a block's gates into its 2^m x 2^m unitary inside JAX, so fused
-simulation stays differentiable in the parameters.
+A state of 2^n amplitudes costs a full pass of memory per applied operator, whatever its size up to a
+few qubits, so fewer, fuller passes are faster (HyQuas). The plan has three kinds of step:
+
+- dense blocks: runs of gates on at most k qubits multiplied into one 2^m x 2^m unitary, applied as
+  one matrix product (HyQuas's TransMM);
+- diagonal blocks: runs of diagonal gates (rz, rzz, cz, s, t, Z-type Pauli rotations...) on any
+  number of qubits, applied element-wise as a product of small tables of at most `table_width`
+  qubits each, which XLA fuses into one pass. Diagonal gates commute with one another, so the
+  partitioner moves them past each other freely;
+- swaps: not applied at all. A swap only relabels which wire holds which qubit; the relabeling is
+  tracked and undone by the executor's final transpose.
+
+`partition` builds the blocks greedily; `plan` adds the swap relabeling; `choose_width` picks k from
+pass times measured on the current device (`measure_pass_seconds`), HyQuas's cost model in small.
+Block unitaries and tables are built inside JAX, so fused simulation stays differentiable.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import time
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .circuit import Circuit
+from . import gates as _g
+from .circuit import Circuit, Instruction
+
+TABLE_WIDTH = 10  # qubits per diagonal table (2^10 entries): cheap to build, cached on chip
+MAX_DIAGONAL_GATES = 512  # per diagonal block: bounds the traced product and the fused kernel
 
 
 class Block(NamedTuple):
-    qubits: tuple[int, ...]  # sorted; bit j of the block matrix's index is qubit qubits[j]
-    gates: tuple[int, ...]  # indices into circuit.instructions, in circuit order
+    qubits: tuple[int, ...]  # sorted; for a dense block, bit j of its matrix index is qubit qubits[j]
+    gates: tuple[int, ...]  # indices into the circuit's instructions, in application order
+    diagonal: bool = False  # applied element-wise (any width) instead of as a dense matrix
 
 
-def partition(circuit: Circuit, k: int) -> list[Block]:
-    """The circuit's gates grouped into blocks of at most k qubits (a gate wider than k is a block of
-    its own). Each block is filled by scanning the gates not yet placed: a gate joins when the block
-    stays within k qubits and no skipped earlier gate shares a qubit with it (gates on disjoint
-    qubits commute, so it may move ahead of them). Every gate lands in exactly one block, and any two
-    gates that share a qubit keep their order."""
+class Plan(NamedTuple):
+    """The circuit as fused blocks over wires. `circuit` is the input with swaps removed and every
+    gate moved to the wire that holds its qubit; amplitude bit q of the result is wire wire_of[q]."""
+
+    circuit: Circuit
+    blocks: list[Block]
+    wire_of: tuple[int, ...]
+
+
+def is_diagonal(ins: Instruction) -> bool:
+    """Whether the gate's matrix is diagonal in the computational basis (for every angle)."""
+    g = ins.gate
+    if g.kind == "channel":
+        return False
+    if g.unitary is not None:
+        u = np.asarray(g.unitary)
+        return bool(np.allclose(u, np.diag(np.diagonal(u))))
+    generator = ins.pauli if g.name == "pauli_rotation" else g.generator
+    return set(generator) <= {"I", "Z"}
+
+
+def partition(circuit: Circuit, k: int, diagonal: bool = True) -> list[Block]:
+    """The circuit's gates grouped into dense blocks of at most k qubits (a gate wider than k is a
+    block of its own) and, with `diagonal`, diagonal blocks of any width.
+
+    Each block is filled by scanning the gates not yet placed; a gate may join a block ahead of
+    skipped gates when it commutes with all of them: it shares no qubit with them, or it and every
+    skipped gate it shares a qubit with are diagonal. When the first unplaced gate is diagonal, both
+    a dense and a diagonal block are grown from it and the one holding more gates is kept."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"fusion width k must be a positive int, got {k!r}")
+    ins = circuit.instructions
+    diag = [diagonal and is_diagonal(i) for i in ins]
     n = circuit.num_qubits
-    remaining = list(range(len(circuit.instructions)))
-    blocks = []
-    while remaining:
-        qubits, gates, blocked = set(), [], set()
+
+    def grow(remaining, want_diagonal):
+        qubits, gates = set(), []
+        blocks_all, blocks_dense = set(), set()  # qubits of skipped non-diagonal / diagonal gates
         for i in remaining:
-            touched = set(circuit.instructions[i].qubits)
-            if not touched & blocked and (not gates or len(qubits | touched) <= k):
+            touched = set(ins[i].qubits)
+            movable = not touched & blocks_all and (diag[i] or not touched & blocks_dense)
+            fits = (diag[i] and len(gates) < MAX_DIAGONAL_GATES) if want_diagonal else \
+                (not gates or len(qubits | touched) <= k)
+            if movable and fits:
                 qubits |= touched
                 gates.append(i)
             else:
-                blocked |= touched
-                if len(blocked) == n:  # every later gate waits behind a skipped one
+                (blocks_dense if diag[i] else blocks_all).update(touched)
+                if len(blocks_all) == n:  # every later gate waits behind a skipped one
                     break
-        placed = set(gates)
+        return Block(tuple(sorted(qubits)), tuple(gates), want_diagonal)
+
+    remaining = list(range(len(ins)))
+    blocks = []
+    while remaining:
+        block = grow(remaining, False)
+        if diag[remaining[0]]:
+            block = max(grow(remaining, True), block, key=lambda b: len(b.gates))  # ties: diagonal
+        placed = set(block.gates)
         remaining = [i for i in remaining if i not in placed]
-        blocks.append(Block(tuple(sorted(qubits)), tuple(gates)))
+        blocks.append(block)
     return blocks
 
 
+def plan(circuit: Circuit, k: int, diagonal: bool = True) -> Plan:
+    """Swaps turned into relabeling, then `partition`."""
+    wire_of = list(range(circuit.num_qubits))
+    moved = Circuit(circuit.num_qubits)
+    for ins in circuit.instructions:
+        if ins.name == "swap":
+            a, b = ins.qubits
+            wire_of[a], wire_of[b] = wire_of[b], wire_of[a]
+        else:
+            moved.instructions.append(dataclasses.replace(ins, qubits=tuple(wire_of[q] for q in ins.qubits)))
+    return Plan(moved, partition(moved, k, diagonal), tuple(wire_of))
+
+
 def block_matrix(circuit: Circuit, block: Block, params, dtype):
-    """The block's unitary (2^m x 2^m, m = len(block.qubits)): its gates applied in order to the
+    """A dense block's unitary (2^m x 2^m, m = len(block.qubits)): its gates applied in order to the
     identity, each on the block's local axes."""
     from .statevector import _gate_matrix, apply_matrix
 
@@ -62,3 +130,94 @@ def block_matrix(circuit: Circuit, block: Block, params, dtype):
         ins = circuit.instructions[i]
         u = apply_matrix(u, _gate_matrix(ins, params, dtype), [local[q] for q in ins.qubits], m)
     return u.reshape(2**m, 2**m)
+
+
+def broadcast_on(values, value_qubits, target_qubits):
+    """values, shape (2,)*m with axis j <-> qubit value_qubits[j], reshaped to broadcast against an
+    array whose axis a holds qubit target_qubits[a] (size 2 on those axes, 1 elsewhere)."""
+    order = sorted(range(len(value_qubits)), key=lambda j: target_qubits.index(value_qubits[j]))
+    shape = [2 if q in value_qubits else 1 for q in target_qubits]
+    return jnp.transpose(values, order).reshape(shape)
+
+
+def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: int = TABLE_WIDTH):
+    """A diagonal block as [(qubits, table)]: the block's diagonal is the product of the tables, each
+    of shape (2,)*len(qubits) with axis j <-> qubits[j]. Gates are packed greedily into tables of at
+    most table_width qubits (a wider gate gets its own)."""
+    from .statevector import _gate_matrix
+
+    groups: list[tuple[list[int], list[int]]] = []  # (qubits, gates)
+    for i in block.gates:
+        qs = circuit.instructions[i].qubits
+        for qubits, gates in groups:
+            if len(set(qubits) | set(qs)) <= table_width:
+                qubits.extend(q for q in qs if q not in qubits)
+                gates.append(i)
+                break
+        else:
+            groups.append((list(qs), [i]))
+    tables = []
+    for qubits, gates in groups:
+        table = jnp.ones((2,) * len(qubits), dtype)
+        for i in gates:
+            ins = circuit.instructions[i]
+            d = jnp.diagonal(_gate_matrix(ins, params, dtype)).reshape((2,) * len(ins.qubits))
+            table = table * broadcast_on(d, list(reversed(ins.qubits)), qubits)  # row-major: last qubit first
+        tables.append((tuple(qubits), table))
+    return tables
+
+
+def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex128, repeats: int = 5) -> dict:
+    """Seconds of one dense pass of each width, and of one diagonal pass ("diagonal"), on a state of
+    num_qubits on the default device (median of `repeats` after a compile): the cost model's input."""
+    from .statevector import apply_on_axes
+
+    rng = np.random.default_rng(0)
+    psi = jnp.asarray(rng.standard_normal(2**num_qubits), dtype).reshape((2,) * num_qubits)
+
+    def timed(f, *args):
+        f(*args).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f(*args).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    out = {}
+    for w in widths:
+        if w > num_qubits:
+            continue
+        m = jnp.asarray(rng.standard_normal((2**w, 2**w)), dtype)
+        axes = list(range(num_qubits // 2 - w // 2, num_qubits // 2 - w // 2 + w))  # mid-state qubits
+        out[w] = timed(jax.jit(lambda p, m, axes=axes: apply_on_axes(p, m, axes)), psi, m)
+    t = jnp.asarray(rng.standard_normal((2,) * min(TABLE_WIDTH, num_qubits)), dtype)
+    out["diagonal"] = timed(jax.jit(lambda p, t: p * t.reshape(t.shape + (1,) * (num_qubits - t.ndim))), psi, t)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _device_pass_seconds(platform: str, num_qubits: int, dtype_name: str) -> tuple:
+    return tuple(measure_pass_seconds(num_qubits, dtype=jnp.dtype(dtype_name)).items())
+
+
+def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
+    """The fusion width k whose plan has the least predicted time: the sum over its blocks of the
+    measured seconds of one pass of that block's width (pass_seconds: as from measure_pass_seconds;
+    None: measured once per process on the default device at min(n, 20) qubits; the ratios between
+    widths, not the absolute times, decide)."""
+    if pass_seconds is None:
+        n = min(circuit.num_qubits, 20)
+        pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))
+    widths = sorted(w for w in pass_seconds if w != "diagonal")
+    if not widths:
+        raise ValueError("pass_seconds has no dense widths")
+
+    def pass_cost(w):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
+        above = [v for v in widths if v >= w]
+        return pass_seconds[above[0]] if above else pass_seconds[widths[-1]] * 2.0 ** (w - widths[-1])
+
+    def cost(k):
+        return sum(pass_seconds["diagonal"] if b.diagonal else pass_cost(len(b.qubits)) for b in plan(circuit, k).blocks)
+
+    return min(widths, key=cost)

@@ -35,25 +35,25 @@ def qubit_mesh(devices=None) -> Mesh:
 def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | None = None,
                      mesh: Mesh | None = None):
     """circuit|state> as 2^n amplitudes (little-endian) sharded over `mesh` (default: all devices)
-    by their leading G bits. fuse: as in statevector.simulate. Equal to the single-device simulate."""
+    by their leading G bits. fuse: as in statevector.simulate (None: one step per gate). Equal to the
+    single-device simulate; compiled as one program (jit) per call."""
     from . import statevector as sv
-    from .fusion import block_matrix, partition
+    from .fusion import TABLE_WIDTH, Block, Plan, block_matrix, broadcast_on, diagonal_tables, plan
 
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
     L = n - G
     if L < 0:
         raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
+    sv.check_size(n, dtype, devices=2**G)
     if circuit.num_params and params is None:
         raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
-    if L > sv.MAX_QUBITS:
-        raise ValueError(f"{n} qubits over {2**G} devices need 2^{L} amplitudes per device "
-                         f"({16 * 2**L / 2**30:.0f} GiB at complex128); the limit is 2^{sv.MAX_QUBITS}")
-    if fuse is None:
-        ops = [(ins.qubits, lambda p, ins=ins: sv._gate_matrix(ins, p, dtype)) for ins in circuit.instructions]
+    if fuse is None:  # every gate a block of its own, swaps included
+        steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
+                     tuple(range(n)))
     else:
-        ops = [(b.qubits, lambda p, b=b: block_matrix(circuit, b, p, dtype)) for b in partition(circuit, fuse)]
-    widest = max((len(q) for q, _ in ops), default=0)
+        steps = plan(circuit, fuse)
+    widest = max((len(b.qubits) for b in steps.blocks if not b.diagonal), default=0)
     if widest > L:
         raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
                          f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
@@ -61,39 +61,48 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     params = jnp.zeros(0) if params is None else jnp.asarray(params)
 
     def local(params):
-        # layout: global slot i holds logical qubit glob[i]; local axis j holds loc[j]
+        # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
         glob, loc = [n - 1 - i for i in range(G)], [n - 1 - G - j for j in range(L)]
-        psi = jnp.ones((), dtype)
-        for q in loc:
-            psi = psi[..., None] * jnp.asarray(kets[q], dtype)
-        for i, q in enumerate(glob):
-            psi = psi * jnp.asarray(kets[q], dtype)[lax.axis_index(f"g{i}")]
+        psi = sv.product_state(kets, loc, dtype)
+        for i, w in enumerate(glob):
+            psi = psi * jnp.asarray(kets[w], dtype)[lax.axis_index(f"g{i}")]
 
-        def swap(psi, i, j):  # global slot i <-> local axis j
+        def swap(psi, i, j):  # global slot i <-> local axis j: one all-to-all exchanging half of each block
             psi = lax.all_to_all(psi, f"g{i}", j, j, tiled=True)
             glob[i], loc[j] = loc[j], glob[i]
             return psi
 
-        def make_local(psi, qubits, keep):
-            for q in qubits:
-                if q in glob:
+        def make_local(psi, wires, keep):
+            for w in wires:
+                if w in glob:
                     free = next(j for j in range(L) if loc[j] not in keep)
-                    psi = swap(psi, glob.index(q), free)
+                    psi = swap(psi, glob.index(w), free)
             return psi
 
-        for qubits, matrix in ops:
-            psi = make_local(psi, qubits, set(qubits))
-            psi = sv.apply_on_axes(psi, matrix(params), [loc.index(q) for q in qubits])
-        # restore: slot i holds qubit n-1-i, local axis j holds n-1-G-j
+        for block in steps.blocks:
+            if block.diagonal:  # no communication: a global wire's bit is the device's coordinate
+                for qubits, table in diagonal_tables(steps.circuit, block, params, dtype, TABLE_WIDTH):
+                    qubits = list(qubits)
+                    for w in [w for w in qubits if w in glob]:
+                        a = qubits.index(w)
+                        table = lax.dynamic_index_in_dim(table, lax.axis_index(f"g{glob.index(w)}"), a, keepdims=False)
+                        qubits.pop(a)
+                    psi = psi * (broadcast_on(table, qubits, loc) if qubits else table)
+            else:
+                psi = make_local(psi, block.qubits, set(block.qubits))
+                matrix = block_matrix(steps.circuit, block, params, dtype)
+                psi = sv.apply_on_axes(psi, matrix, [loc.index(w) for w in block.qubits])
+        # restore: slot i holds the wire of bit n-1-i, local axis j the wire of bit n-1-G-j
+        want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]
         for i in range(G):
-            if glob[i] != n - 1 - i:
-                psi = make_local(psi, [n - 1 - i], set())  # bring it local (wherever it is)...
-                psi = swap(psi, i, loc.index(n - 1 - i))  # ...then into its slot
-        psi = jnp.transpose(psi, [loc.index(n - 1 - G - j) for j in range(L)])
+            if glob[i] != want_glob[i]:
+                psi = make_local(psi, [want_glob[i]], set(want_glob[:i]))  # bring it local (wherever it is)...
+                psi = swap(psi, i, loc.index(want_glob[i]))  # ...then into its slot
+        psi = jnp.transpose(psi, [loc.index(steps.wire_of[n - 1 - G - j]) for j in range(L)])
         return psi.reshape(-1)
 
     if G == 0:
-        return local(params)
+        return jax.jit(local)(params)
     # jitted: shard_map outside jit would dispatch op by op
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(mesh.axis_names),
                                  check_vma=False))(params)

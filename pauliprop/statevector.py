@@ -17,10 +17,8 @@ from . import gates as _g
 from .circuit import Circuit, Param
 from .overlap import bloch_vectors
 from .paulisum import PauliSum
+from .memory import device_memory_bytes
 from .words import unpack_bits
-
-MAX_QUBITS = 26
-
 
 def _angle(a, params):
     if isinstance(a, Param):
@@ -68,39 +66,82 @@ def product_kets(state, num_qubits) -> np.ndarray:
     return np.array(kets, dtype=complex).reshape(num_qubits, 2)
 
 
+def check_size(num_qubits: int, dtype, devices: int = 1) -> None:
+    """Raise, before anything is allocated, when a state of num_qubits (split over `devices`) cannot
+    fit: a pass holds the state, its result and a transposed copy, so 3 x 2^n x itemsize per device
+    must fit in the device's memory."""
+    itemsize = jnp.dtype(dtype).itemsize
+    need = 3 * itemsize * 2**num_qubits // devices
+    have = device_memory_bytes()
+    if need > have:
+        where = f" over {devices} devices" if devices > 1 else ""
+        raise ValueError(f"{num_qubits} qubits need 2^{num_qubits} amplitudes ({itemsize * 2.0**num_qubits / 2**30:.3g} GiB "
+                         f"at {jnp.dtype(dtype).name}{where}; a pass needs 3x that per device, "
+                         f"{need / 2**30:.3g} GiB), but the device has {have / 2**30:.3g} GiB")
+
+
+def product_state(kets, wires, dtype):
+    """The product state as an array of shape (2,)*len(wires), axis a holding wire wires[a] (built on
+    the device: nothing of size 2^n crosses from the host)."""
+    psi = jnp.ones((), dtype)
+    for w in wires:
+        psi = psi[..., None] * jnp.asarray(kets[w], dtype)
+    return psi
+
+
 def initial_state(state, num_qubits, dtype=jnp.complex128):
-    """Product state |psi> from a state description (pure states only)."""
-    psi = np.ones(1, dtype=complex)
-    for ket in product_kets(state, num_qubits):  # qubit q is bit q: later qubits are more significant
-        psi = np.kron(ket, psi)
-    return jnp.asarray(psi, dtype)
+    """Product state |psi> from a state description (pure states only), as 2^n amplitudes."""
+    return product_state(product_kets(state, num_qubits), range(num_qubits - 1, -1, -1), dtype).reshape(-1)
 
 
-def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | None = None):
+def run_plan(plan, params, psi, at, dtype, table_width=None):
+    """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: a dense
+    block leaves its qubits on the leading axes, and the layout is tracked. Returns (psi, at)."""
+    from .fusion import TABLE_WIDTH, block_matrix, broadcast_on, diagonal_tables
+
+    at = list(at)
+    for block in plan.blocks:
+        if block.diagonal:
+            for qubits, table in diagonal_tables(plan.circuit, block, params, dtype, table_width or TABLE_WIDTH):
+                psi = psi * broadcast_on(table, list(qubits), at)
+        else:
+            k = len(block.qubits)
+            m = block_matrix(plan.circuit, block, params, dtype).reshape((2,) * (2 * k))
+            rows = [block.qubits[k - 1 - j] for j in range(k)]  # matrix axis j <-> qubits[k-1-j]
+            psi = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), [at.index(q) for q in rows]),
+                                precision=jax.lax.Precision.HIGHEST)
+            at = rows + [w for w in at if w not in rows]
+    return psi, at
+
+
+def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | str | None = None):
     """The 2^n amplitudes of circuit|state> (little-endian).
 
-    fuse: None (one pass over the state per gate), or k: runs of gates on at most k qubits are
-    multiplied into one unitary first and applied in one pass (fusion.py)."""
+    fuse: None (one pass over the state per gate: the plain reference), k (fusion.plan: dense blocks
+    of at most k qubits, diagonal runs element-wise, swaps as relabeling), or "auto" (k from
+    fusion.choose_width, pass times measured on this device). Wrap in jax.jit to run it as one
+    program; gradients in params flow through every mode."""
     n = circuit.num_qubits
-    if n > MAX_QUBITS:
-        raise ValueError(f"{n} qubits need 2^{n} amplitudes ({16 * 2**n / 2**30:.0f} GiB at complex128); "
-                         f"this reference simulator stops at {MAX_QUBITS}")
+    check_size(n, dtype)
     if circuit.num_params and params is None:
         raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
     if params is not None:
         params = jnp.asarray(params)
-    if fuse is not None:
-        from .fusion import block_matrix, partition
-
-        blocks = partition(circuit, fuse)  # checks fuse before allocating
-    psi = initial_state(state, n, dtype).reshape((2,) * n)
+    kets = product_kets(state, n)
     if fuse is None:
+        psi = product_state(kets, range(n - 1, -1, -1), dtype)
         for ins in circuit.instructions:
             psi = apply_matrix(psi, _gate_matrix(ins, params, dtype), ins.qubits, n)
-    else:
-        for block in blocks:
-            psi = apply_matrix(psi, block_matrix(circuit, block, params, dtype), block.qubits, n)
-    return psi.reshape(-1)
+        return psi.reshape(-1)
+    from .fusion import choose_width, plan
+
+    if fuse == "auto":
+        fuse = choose_width(circuit, dtype=dtype)
+    p = plan(circuit, fuse)  # checks fuse before allocating
+    at = list(range(n - 1, -1, -1))
+    psi, at = run_plan(p, params, product_state(kets, at, dtype), at, dtype)
+    # amplitude bit q is wire wire_of[q]: axis a of the result holds bit n-1-a
+    return jnp.transpose(psi, [at.index(p.wire_of[n - 1 - a]) for a in range(n)]).reshape(-1)
 
 
 def sample(circuit: Circuit, shots: int, seed: int = 0, params=None, state="0", dtype=jnp.complex128) -> np.ndarray:
