@@ -38,7 +38,7 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     by their leading G bits. fuse: as in statevector.simulate (None: one step per gate). Equal to the
     single-device simulate; compiled as one program (jit) per call."""
     from . import statevector as sv
-    from .fusion import TABLE_WIDTH, Block, Plan, block_matrix, broadcast_on, diagonal_tables, plan
+    from .fusion import TABLE_WIDTH, Block, Plan, apply_diagonal, block_matrix, diagonal_tables, plan
 
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
@@ -81,13 +81,15 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
 
         for block in steps.blocks:
             if block.diagonal:  # no communication: a global wire's bit is the device's coordinate
+                tables = []
                 for qubits, table in diagonal_tables(steps.circuit, block, params, dtype, TABLE_WIDTH):
                     qubits = list(qubits)
                     for w in [w for w in qubits if w in glob]:
                         a = qubits.index(w)
                         table = lax.dynamic_index_in_dim(table, lax.axis_index(f"g{glob.index(w)}"), a, keepdims=False)
                         qubits.pop(a)
-                    psi = psi * (broadcast_on(table, qubits, loc) if qubits else table)
+                    tables.append((tuple(qubits), table))
+                psi = apply_diagonal(psi, tables, loc)
             else:
                 psi = make_local(psi, block.qubits, set(block.qubits))
                 matrix = block_matrix(steps.circuit, block, params, dtype)

@@ -97,13 +97,12 @@ def initial_state(state, num_qubits, dtype=jnp.complex128):
 def run_plan(plan, params, psi, at, dtype, table_width=None):
     """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: a dense
     block leaves its qubits on the leading axes, and the layout is tracked. Returns (psi, at)."""
-    from .fusion import TABLE_WIDTH, block_matrix, broadcast_on, diagonal_tables
+    from .fusion import TABLE_WIDTH, apply_diagonal, block_matrix, diagonal_tables
 
     at = list(at)
     for block in plan.blocks:
         if block.diagonal:
-            for qubits, table in diagonal_tables(plan.circuit, block, params, dtype, table_width or TABLE_WIDTH):
-                psi = psi * broadcast_on(table, list(qubits), at)
+            psi = apply_diagonal(psi, diagonal_tables(plan.circuit, block, params, dtype, table_width or TABLE_WIDTH), at)
         else:
             k = len(block.qubits)
             m = block_matrix(plan.circuit, block, params, dtype).reshape((2,) * (2 * k))
