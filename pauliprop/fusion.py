@@ -189,7 +189,7 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
 def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex128, repeats: int = 5) -> dict:
     """Seconds of one dense pass of each width, and of one diagonal pass ("diagonal"), on a state of
     num_qubits on the default device (median of `repeats` after a compile): the cost model's input."""
-    from .statevector import apply_on_axes
+    from .statevector import apply_block
 
     rng = np.random.default_rng(0)
     psi = jnp.asarray(rng.standard_normal(2**num_qubits), dtype).reshape((2,) * num_qubits)
@@ -209,7 +209,7 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
             continue
         m = jnp.asarray(rng.standard_normal((2**w, 2**w)), dtype)
         axes = list(range(num_qubits // 2 - w // 2, num_qubits // 2 - w // 2 + w))  # mid-state qubits
-        out[w] = timed(jax.jit(lambda p, m, axes=axes: apply_on_axes(p, m, axes)), psi, m)
+        out[w] = timed(jax.jit(lambda p, m, axes=axes: apply_block(p, m, axes)[0]), psi, m)
     t = jnp.asarray(rng.standard_normal((2,) * min(TABLE_WIDTH, num_qubits)), dtype)
     out["diagonal"] = timed(jax.jit(lambda p, t: p * t.reshape(t.shape + (1,) * (num_qubits - t.ndim))), psi, t)
     return out

@@ -94,9 +94,38 @@ def initial_state(state, num_qubits, dtype=jnp.complex128):
     return product_state(product_kets(state, num_qubits), range(num_qubits - 1, -1, -1), dtype).reshape(-1)
 
 
+ELEMENTWISE_WIDTH = 2  # blocks up to this width are applied as sums of slices, wider ones as a GEMM
+
+
+def apply_block(psi, matrix, axes):
+    """Apply a k-qubit matrix to psi's axes `axes` (bit j of the matrix index is axis axes[j]).
+    Returns (psi, moved): moved[i] is the input axis now at axis i.
+
+    Up to ELEMENTWISE_WIDTH qubits: each output slice is a sum of 2^k input slices, which XLA fuses
+    into one element-wise pass (a dot over 2 or 4 rows would be a poor GEMM plus transposes). Wider:
+    one tensordot, whose result keeps the block's axes first instead of being transposed back."""
+    k = len(axes)
+    if k <= ELEMENTWISE_WIDTH:
+        slices = {}
+        for col in range(2**k):
+            index = [slice(None)] * psi.ndim
+            for j, a in enumerate(axes):
+                index[a] = (col >> j) & 1
+            slices[col] = psi[tuple(index)]
+        outs = [sum(matrix[row, col] * slices[col] for col in range(2**k)) for row in range(2**k)]
+        # restack: the block's axes go last (most significant bit first), then are not moved back
+        out = jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k)
+        rest = [a for a in range(psi.ndim) if a not in axes]
+        return out, rest + list(reversed(axes))
+    m = matrix.reshape((2,) * (2 * k))
+    rows = list(reversed(axes))  # matrix axis j <-> axes[k-1-j]
+    out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), rows), precision=jax.lax.Precision.HIGHEST)
+    return out, rows + [a for a in range(psi.ndim) if a not in axes]
+
+
 def run_plan(plan, params, psi, at, dtype, table_width=None):
-    """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: a dense
-    block leaves its qubits on the leading axes, and the layout is tracked. Returns (psi, at)."""
+    """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: the
+    layout is tracked instead. Returns (psi, at)."""
     from .fusion import TABLE_WIDTH, apply_diagonal, block_matrix, diagonal_tables
 
     at = list(at)
@@ -104,12 +133,9 @@ def run_plan(plan, params, psi, at, dtype, table_width=None):
         if block.diagonal:
             psi = apply_diagonal(psi, diagonal_tables(plan.circuit, block, params, dtype, table_width or TABLE_WIDTH), at)
         else:
-            k = len(block.qubits)
-            m = block_matrix(plan.circuit, block, params, dtype).reshape((2,) * (2 * k))
-            rows = [block.qubits[k - 1 - j] for j in range(k)]  # matrix axis j <-> qubits[k-1-j]
-            psi = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), [at.index(q) for q in rows]),
-                                precision=jax.lax.Precision.HIGHEST)
-            at = rows + [w for w in at if w not in rows]
+            m = block_matrix(plan.circuit, block, params, dtype)
+            psi, moved = apply_block(psi, m, [at.index(q) for q in block.qubits])
+            at = [at[a] for a in moved]
     return psi, at
 
 
