@@ -220,13 +220,19 @@ def _device_pass_seconds(platform: str, num_qubits: int, dtype_name: str) -> tup
     return tuple(measure_pass_seconds(num_qubits, dtype=jnp.dtype(dtype_name)).items())
 
 
+# The size at which choose_width measures pass times, per backend: large enough that the ratios
+# between widths are those of big states (on an H100 they still shift between 20 and 28 qubits),
+# small enough to take well under a second (a 26-qubit pass is ~2 ms on a GPU, ~1 s on a CPU core).
+COST_MODEL_QUBITS = {"cpu": 18, "gpu": 26, "cuda": 26, "rocm": 26}
+
+
 def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
     """The fusion width k whose plan has the least predicted time: the sum over its blocks of the
     measured seconds of one pass of that block's width (pass_seconds: as from measure_pass_seconds;
-    None: measured once per process on the default device at min(n, 20) qubits; the ratios between
-    widths, not the absolute times, decide)."""
+    None: measured once per process on the default device at min(n, COST_MODEL_QUBITS) qubits; the
+    ratios between widths, not the absolute times, decide)."""
     if pass_seconds is None:
-        n = min(circuit.num_qubits, 20)
+        n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(jax.default_backend(), 20))
         pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))
     widths = sorted(w for w in pass_seconds if w != "diagonal")
     if not widths:

@@ -1,8 +1,10 @@
 """Exact dense state-vector simulation: the reference for every estimate, and the exact method.
 
 Amplitudes are little-endian (qubit q is bit q of the basis index). Gate matrices come from the
-shared gate table. This is the small, clear reference; it unrolls gates into the trace, so it
-suits circuits of up to a few hundred gates on up to ~20 qubits.
+shared gate table. `simulate(fuse=None)` is the small, clear reference, one pass per gate;
+`simulate(fuse=k | "auto")` runs a fusion plan (fusion.py), a few passes for hundreds of gates, up
+to the device's memory. Both unroll into the trace, so compile time grows with the number of gates
+or blocks (seconds for a thousand gates).
 """
 
 from __future__ import annotations

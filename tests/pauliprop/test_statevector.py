@@ -73,6 +73,19 @@ def test_simulate_equals_qiskit(case):
     assert_equal_up_to_phase(psi, Statevector(to_qiskit(c, params, state)).data)
 
 
+@settings(max_examples=3)
+@given(st.sampled_from([10, 12, 14]).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(gate(n), min_size=40, max_size=40), params_vector(), states(n))))
+def test_fused_simulation_of_up_to_14_qubits_equals_qiskit(case):
+    from qiskit.quantum_info import Statevector
+
+    n, ops, params, state = case
+    c = build(n, ops)
+    psi = np.asarray(jax.jit(lambda p: SV.simulate(c, p, state, fuse=4))(params))
+    ref = Statevector(to_qiskit(c, params, state)).data
+    assert abs(np.vdot(ref, psi)) ** 2 > 1 - 1e-12
+
+
 @settings(max_examples=25)
 @given(unitary_circuit(max_n=5, length=16))
 def test_the_numpy_reference_equals_qiskit(case):
