@@ -187,9 +187,11 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
 
 
 def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex128, repeats: int = 5) -> dict:
-    """Seconds of one dense pass of each width, and of one diagonal pass ("diagonal"), on a state of
-    num_qubits on the default device (median of `repeats` after a compile): the cost model's input."""
-    from .statevector import apply_block
+    """The cost model's input: seconds of one pass over a state of num_qubits on the default device
+    (median of `repeats` after a compile), keyed w for a dense block of width w on mid-state axes
+    (a transpose, then the product), ("in_place", w) for one on the trailing axes that needs no
+    transpose (statevector.gemm_in_place; measured for GEMM widths only), and "diagonal"."""
+    from .statevector import ELEMENTWISE_WIDTH, apply_block
 
     rng = np.random.default_rng(0)
     psi = jnp.asarray(rng.standard_normal(2**num_qubits), dtype).reshape((2,) * num_qubits)
@@ -210,6 +212,9 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
         m = jnp.asarray(rng.standard_normal((2**w, 2**w)), dtype)
         axes = list(range(num_qubits // 2 - w // 2, num_qubits // 2 - w // 2 + w))  # mid-state qubits
         out[w] = timed(jax.jit(lambda p, m, axes=axes: apply_block(p, m, axes)[0]), psi, m)
+        if w > ELEMENTWISE_WIDTH:
+            edge = list(range(num_qubits - 1, num_qubits - 1 - w, -1))
+            out[("in_place", w)] = timed(jax.jit(lambda p, m, axes=edge: apply_block(p, m, axes)[0]), psi, m)
     t = jnp.asarray(rng.standard_normal((2,) * min(TABLE_WIDTH, num_qubits)), dtype)
     out["diagonal"] = timed(jax.jit(lambda p, t: p * t.reshape(t.shape + (1,) * (num_qubits - t.ndim))), psi, t)
     return out
@@ -228,21 +233,36 @@ COST_MODEL_QUBITS = {"cpu": 18, "gpu": 26, "cuda": 26, "rocm": 26}
 
 def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
     """The fusion width k whose plan has the least predicted time: the sum over its blocks of the
-    measured seconds of one pass of that block's width (pass_seconds: as from measure_pass_seconds;
-    None: measured once per process on the default device at min(n, COST_MODEL_QUBITS) qubits; the
-    ratios between widths, not the absolute times, decide)."""
+    measured seconds of one pass of that block's width, in place or transposed as the executor's
+    tracked layout will have it (pass_seconds: as from measure_pass_seconds; None: measured once per
+    process on the default device at min(n, COST_MODEL_QUBITS) qubits; the ratios between widths,
+    not the absolute times, decide)."""
+    from .statevector import block_layout, gemm_in_place
+
     if pass_seconds is None:
         n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(jax.default_backend(), 20))
         pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))
-    widths = sorted(w for w in pass_seconds if w != "diagonal")
+    widths = sorted(w for w in pass_seconds if isinstance(w, int))
     if not widths:
         raise ValueError("pass_seconds has no dense widths")
 
-    def pass_cost(w):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
+    def pass_cost(w, in_place):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
         above = [v for v in widths if v >= w]
-        return pass_seconds[above[0]] if above else pass_seconds[widths[-1]] * 2.0 ** (w - widths[-1])
+        v = above[0] if above else widths[-1]
+        t = pass_seconds.get(("in_place", v), pass_seconds[v]) if in_place else pass_seconds[v]
+        return t * 2.0 ** max(0, w - v)
 
     def cost(k):
-        return sum(pass_seconds["diagonal"] if b.diagonal else pass_cost(len(b.qubits)) for b in plan(circuit, k).blocks)
+        p = plan(circuit, k)
+        n = circuit.num_qubits
+        at, total = list(range(n - 1, -1, -1)), 0.0
+        for b in p.blocks:
+            if b.diagonal:
+                total += pass_seconds["diagonal"]
+                continue
+            axes = [at.index(q) for q in b.qubits]
+            total += pass_cost(len(axes), gemm_in_place(n, axes))
+            at = [at[a] for a in block_layout(n, axes)]
+        return total
 
     return min(widths, key=cost)

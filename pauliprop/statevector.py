@@ -117,12 +117,26 @@ def apply_block(psi, matrix, axes):
         outs = [sum(matrix[row, col] * slices[col] for col in range(2**k)) for row in range(2**k)]
         # restack: the block's axes go last (most significant bit first), then are not moved back
         out = jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k)
-        rest = [a for a in range(psi.ndim) if a not in axes]
-        return out, rest + list(reversed(axes))
+        return out, block_layout(psi.ndim, axes)
     m = matrix.reshape((2,) * (2 * k))
     rows = list(reversed(axes))  # matrix axis j <-> axes[k-1-j]
     out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), rows), precision=jax.lax.Precision.HIGHEST)
-    return out, rows + [a for a in range(psi.ndim) if a not in axes]
+    return out, block_layout(psi.ndim, axes)
+
+
+def block_layout(ndim: int, axes) -> list[int]:
+    """apply_block's `moved`: where each input axis goes when a block acts on `axes` (the block's
+    axes, most significant bit first, go last for element-wise blocks and first for GEMMs)."""
+    rest = [a for a in range(ndim) if a not in axes]
+    rows = list(reversed(axes))
+    return rest + rows if len(axes) <= ELEMENTWISE_WIDTH else rows + rest
+
+
+def gemm_in_place(ndim: int, axes) -> bool:
+    """Whether a GEMM block on `axes` needs no transpose first: its axes are the leading or trailing
+    ones, in the order the matrix's index reads them (axes[0], its bit 0, the most minor)."""
+    k = len(axes)
+    return list(reversed(axes)) in (list(range(k)), list(range(ndim - k, ndim)))
 
 
 def run_plan(plan, params, psi, at, dtype, table_width=None):

@@ -132,7 +132,13 @@ def test_the_cost_model_picks_the_width_with_the_least_predicted_time():
     steep = {w: 4.0**w for w in range(1, 6)} | {"diagonal": 1.0}  # wide passes cost more than they save:
     assert fusion.choose_width(c, steep) == 2  # the width of the widest gate (cx) wins
     measured = fusion.measure_pass_seconds(10, widths=(1, 3), repeats=2)
-    assert set(measured) == {1, 3, "diagonal"} and all(t > 0 for t in measured.values())
+    assert set(measured) == {1, 3, ("in_place", 3), "diagonal"} and all(t > 0 for t in measured.values())
+    # a GEMM on the state's edge axes costs its in-place time: cheap in-place passes favour them
+    edge = {w: 1.0 for w in range(1, 6)} | {("in_place", w): 0.01 for w in range(3, 6)} | {"diagonal": 1.0}
+    walsh = pp.Circuit(12)
+    for q in range(12):
+        walsh.h(q)
+    assert fusion.choose_width(walsh, edge) in (3, 4, 5)
     assert fusion.choose_width(c, measured) in (1, 3)
     np.testing.assert_allclose(np.asarray(SV.simulate(c, np.ones(c.num_params), fuse="auto")),
                                np.asarray(SV.simulate(c, np.ones(c.num_params))), atol=1e-12)
