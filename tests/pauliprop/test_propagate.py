@@ -80,7 +80,7 @@ PARAMS = np.array([0.3, -1.2, 0.8, 2.0, -0.4, 1.5])
 
 # ---- exactness -----------------------------------------------------------------------------------
 
-@settings(max_examples=15)  # each example compiles new eager state-vector kernels: a few is enough here
+@settings(max_examples=10)  # each example compiles new eager state-vector kernels (the embedding test below checks 30 more against numpy)
 @given(unitary_case())
 def test_untruncated_expectation_equals_statevector(case):
     n, ops, terms, params, state = case
