@@ -3,10 +3,10 @@ each device's block, and gates run on local qubits only (HyQuas section 5).
 
 With D = 2^G devices, the mesh has G axes of size 2, one per global qubit. A gate (or fused block)
 that touches a global qubit first swaps it with a local qubit it does not touch: one all-to-all on
-that qubit's mesh axis, which exchanges half of every block. Which logical qubit sits where is
-tracked while the circuit is traced, so nothing is transposed back between gates; at the end the
-layout is restored (swaps, then a local transpose) and the amplitudes come out little-endian,
-sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
+that qubit's mesh axis, which exchanges half of every block. Which wire sits where, global slots
+and local axes alike (blocks run through statevector.apply_block), is tracked while the circuit is
+traced, so nothing is transposed back between gates; at the end the layout is restored (swaps, then
+a local transpose) and the amplitudes come out little-endian, sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
 devices, and on several GPUs.
 """
 
@@ -38,7 +38,7 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     by their leading G bits. fuse: as in statevector.simulate (None: one step per gate). Equal to the
     single-device simulate; compiled as one program (jit) per call."""
     from . import statevector as sv
-    from .fusion import TABLE_WIDTH, Block, Plan, apply_diagonal, block_matrix, diagonal_tables, plan
+    from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, plan
 
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
@@ -82,7 +82,7 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
         for block in steps.blocks:
             if block.diagonal:  # no communication: a global wire's bit is the device's coordinate
                 tables = []
-                for qubits, table in diagonal_tables(steps.circuit, block, params, dtype, TABLE_WIDTH):
+                for qubits, table in diagonal_tables(steps.circuit, block, params, dtype):
                     qubits = list(qubits)
                     for w in [w for w in qubits if w in glob]:
                         a = qubits.index(w)
@@ -93,7 +93,8 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
             else:
                 psi = make_local(psi, block.qubits, set(block.qubits))
                 matrix = block_matrix(steps.circuit, block, params, dtype)
-                psi = sv.apply_on_axes(psi, matrix, [loc.index(w) for w in block.qubits])
+                psi, moved = sv.apply_block(psi, matrix, [loc.index(w) for w in block.qubits])
+                loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in statevector.run_plan)
         # restore: slot i holds the wire of bit n-1-i, local axis j the wire of bit n-1-G-j
         want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]
         for i in range(G):

@@ -42,18 +42,17 @@ def _gate_matrix(ins, params, dtype):
 
 def apply_matrix(psi, matrix, qubits, num_qubits):
     """Apply a k-qubit matrix (little-endian on `qubits`) to a state of shape (2,)*n (axis n-1-q = qubit q)."""
-    return apply_on_axes(psi, matrix, [num_qubits - 1 - q for q in qubits])
+    axes = [num_qubits - 1 - q for q in qubits]
+    return jnp.moveaxis(_contract(psi, matrix, axes), list(range(len(axes))), list(reversed(axes)))
 
 
-def apply_on_axes(psi, matrix, axes):
-    """Apply a k-qubit matrix to the array axes `axes` of psi: bit i of the matrix index is axis
-    axes[i] (other axes, trailing ones included, are untouched)."""
+def _contract(psi, matrix, axes):
+    """tensordot of the matrix with psi's `axes` (bit j of the matrix index is axis axes[j]); the
+    result has the block's axes first, most significant bit first, then psi's other axes in order."""
     k = len(axes)
     m = matrix.reshape((2,) * (2 * k))  # row index bits, most significant first: axes[k-1] ... axes[0]
-    axes = list(reversed(axes))  # matrix axis j <-> axes[k-1-j]
     # HIGHEST: GPUs otherwise contract complex64 in TF32 (1e-4 errors)
-    out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), axes), precision=jax.lax.Precision.HIGHEST)
-    return jnp.moveaxis(out, list(range(k)), axes)
+    return jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), list(reversed(axes))), precision=jax.lax.Precision.HIGHEST)
 
 
 def product_kets(state, num_qubits) -> np.ndarray:
@@ -118,10 +117,7 @@ def apply_block(psi, matrix, axes):
         # restack: the block's axes go last (most significant bit first), then are not moved back
         out = jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k)
         return out, block_layout(psi.ndim, axes)
-    m = matrix.reshape((2,) * (2 * k))
-    rows = list(reversed(axes))  # matrix axis j <-> axes[k-1-j]
-    out = jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), rows), precision=jax.lax.Precision.HIGHEST)
-    return out, block_layout(psi.ndim, axes)
+    return _contract(psi, matrix, axes), block_layout(psi.ndim, axes)
 
 
 def block_layout(ndim: int, axes) -> list[int]:
@@ -139,15 +135,15 @@ def gemm_in_place(ndim: int, axes) -> bool:
     return list(reversed(axes)) in (list(range(k)), list(range(ndim - k, ndim)))
 
 
-def run_plan(plan, params, psi, at, dtype, table_width=None):
+def run_plan(plan, params, psi, at, dtype):
     """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: the
     layout is tracked instead. Returns (psi, at)."""
-    from .fusion import TABLE_WIDTH, apply_diagonal, block_matrix, diagonal_tables
+    from .fusion import apply_diagonal, block_matrix, diagonal_tables
 
     at = list(at)
     for block in plan.blocks:
         if block.diagonal:
-            psi = apply_diagonal(psi, diagonal_tables(plan.circuit, block, params, dtype, table_width or TABLE_WIDTH), at)
+            psi = apply_diagonal(psi, diagonal_tables(plan.circuit, block, params, dtype), at)
         else:
             m = block_matrix(plan.circuit, block, params, dtype)
             psi, moved = apply_block(psi, m, [at.index(q) for q in block.qubits])
