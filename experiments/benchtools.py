@@ -85,3 +85,25 @@ def git_state() -> dict:
 
     status = git("status", "--short", "--", "pauliprop", "experiments")
     return {"commit": git("rev-parse", "HEAD"), "modified": status.splitlines() if status else []}
+
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend, or None when matplotlib is not installed (the
+    plots are optional: every figure is also in the result file)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, path) -> None:
+    """Lay out, write (120 dpi) and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

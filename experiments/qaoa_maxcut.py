@@ -137,12 +137,8 @@ def _neg(vs):
 
 def plot(records, maxcut: int, path: Path) -> bool:
     """<C> per step for every start and estimator; False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchtools.pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     styles = {"pauli": "-", "statevector": ":"}
@@ -154,9 +150,7 @@ def plot(records, maxcut: int, path: Path) -> bool:
     ax.set_ylabel("<C>")
     ax.set_title("QAOA MaxCut")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    benchtools.save_figure(fig, path)
     return True
 
 

@@ -110,12 +110,8 @@ def run(method: str, circuit, H, x0, args, e0: float) -> dict:
 
 def plot(records, e0, path: Path) -> bool:
     """Convergence plot (relative error per step, log scale); False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = benchtools.pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
@@ -125,9 +121,7 @@ def plot(records, e0, path: Path) -> bool:
     ax.set_ylabel("|E - E0| / |E0|")
     ax.set_title("VQE, critical TFIM chain")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    benchtools.save_figure(fig, path)
     return True
 
 
