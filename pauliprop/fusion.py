@@ -14,7 +14,8 @@ few qubits, so fewer, fuller passes are faster (HyQuas). The plan has three kind
 
 `partition` builds the blocks greedily; `plan` adds the swap relabeling; `choose_width` picks k from
 pass times measured on the current device (`measure_pass_seconds`), HyQuas's cost model in small.
-Block unitaries and tables are built inside JAX, so fused simulation stays differentiable.
+Block unitaries and tables multiply their fixed gates on the host and their parametrized gates inside
+JAX: a fixed circuit's plan is a few constants, and fused simulation stays differentiable in params.
 """
 
 from __future__ import annotations
@@ -120,24 +121,43 @@ def plan(circuit: Circuit, k: int, diagonal: bool = True) -> Plan:
 
 def block_matrix(circuit: Circuit, block: Block, params, dtype):
     """A dense block's unitary (2^m x 2^m, m = len(block.qubits)): its gates applied in order to the
-    identity, each on the block's local axes."""
-    from .statevector import _gate_matrix, apply_matrix
+    identity, each on the block's local axes. Runs of fixed gates (no Param) are multiplied on the
+    host, so the trace holds one product per parametrized gate: a fixed circuit's blocks are constants
+    and its compile time follows the number of passes, not of gates."""
+    from .statevector import _gate_matrix, apply_matrix, is_fixed
 
     m = len(block.qubits)
     local = {q: j for j, q in enumerate(block.qubits)}
-    u = jnp.eye(2**m, dtype=dtype).reshape((2,) * m + (2**m,))  # columns: the basis states
+    eye = np.eye(2**m, dtype=complex).reshape((2,) * m + (2**m,))  # columns: the basis states
+    traced, fixed, pending = None, eye, False  # block = fixed @ traced; pending: fixed is not the identity
     for i in block.gates:
         ins = circuit.instructions[i]
-        u = apply_matrix(u, _gate_matrix(ins, params, dtype), [local[q] for q in ins.qubits], m)
-    return u.reshape(2**m, 2**m)
+        axes = [local[q] for q in ins.qubits]
+        if is_fixed(ins):
+            fixed, pending = apply_matrix(fixed, _gate_matrix(ins, params, dtype), axes, m), True
+            continue
+        start = jnp.asarray(fixed, dtype) if traced is None else _times(fixed, traced, m) if pending else traced
+        traced, fixed, pending = apply_matrix(start, _gate_matrix(ins, params, dtype), axes, m), eye, False
+    if traced is None:
+        return jnp.asarray(fixed.reshape(2**m, 2**m), dtype)
+    return (_times(fixed, traced, m) if pending else traced).reshape(2**m, 2**m)
+
+
+def _times(host, traced, m):
+    """host @ traced for block unitaries stored as (2,)*m + (2^m,)."""
+    product = jnp.matmul(jnp.asarray(host.reshape(2**m, 2**m), traced.dtype), traced.reshape(2**m, 2**m),
+                         precision=jax.lax.Precision.HIGHEST)
+    return product.reshape(traced.shape)
 
 
 def broadcast_on(values, value_qubits, target_qubits):
     """values, shape (2,)*m with axis j <-> qubit value_qubits[j], reshaped to broadcast against an
-    array whose axis a holds qubit target_qubits[a] (size 2 on those axes, 1 elsewhere)."""
+    array whose axis a holds qubit target_qubits[a] (size 2 on those axes, 1 elsewhere). Stays on the
+    host for a numpy input."""
     order = sorted(range(len(value_qubits)), key=lambda j: target_qubits.index(value_qubits[j]))
     shape = [2 if q in value_qubits else 1 for q in target_qubits]
-    return jnp.transpose(values, order).reshape(shape)
+    xp = np if isinstance(values, np.ndarray) else jnp
+    return xp.transpose(values, order).reshape(shape)
 
 
 def apply_diagonal(psi, tables, at):
@@ -177,11 +197,17 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
             groups.append((list(qs), [i]))
     tables = []
     for qubits, gates in groups:
-        table = jnp.ones((2,) * len(qubits), dtype)
+        host, traced = np.ones((2,) * len(qubits), complex), None  # fixed gates' product on the host
         for i in gates:
             ins = circuit.instructions[i]
-            d = jnp.diagonal(_gate_matrix(ins, params, dtype)).reshape((2,) * len(ins.qubits))
-            table = table * broadcast_on(d, list(reversed(ins.qubits)), qubits)  # row-major: last qubit first
+            d = _gate_matrix(ins, params, dtype)
+            d = (np.diagonal(d) if isinstance(d, np.ndarray) else jnp.diagonal(d)).reshape((2,) * len(ins.qubits))
+            factor = broadcast_on(d, list(reversed(ins.qubits)), qubits)  # row-major: last qubit first
+            if isinstance(factor, np.ndarray):
+                host = host * factor
+            else:
+                traced = factor if traced is None else traced * factor
+        table = jnp.asarray(host, dtype) if traced is None else jnp.asarray(host, dtype) * traced
         tables.append((tuple(qubits), table))
     return tables
 

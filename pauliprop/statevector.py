@@ -3,8 +3,8 @@
 Amplitudes are little-endian (qubit q is bit q of the basis index). Gate matrices come from the
 shared gate table. `simulate(fuse=None)` is the small, clear reference, one pass per gate;
 `simulate(fuse=k | "auto")` runs a fusion plan (fusion.py), a few passes for hundreds of gates, up
-to the device's memory. Both unroll into the trace, so compile time grows with the number of gates
-or blocks (seconds for a thousand gates).
+to the device's memory. Both unroll into the trace: the reference per gate, a plan per pass (fixed
+gates are multiplied into their block on the host, so only parametrized gates add to the trace).
 """
 
 from __future__ import annotations
@@ -28,31 +28,46 @@ def _angle(a, params):
     return a
 
 
+def is_fixed(ins) -> bool:
+    """Whether the gate's matrix is known without params (no Param angle): fusion multiplies such
+    gates into their block on the host, so they cost nothing in the trace."""
+    return not any(isinstance(a, Param) for a in ins.args)
+
+
 def _gate_matrix(ins, params, dtype):
+    """The gate's unitary: a host (numpy, complex128) array when it is fixed, else traced in `dtype`."""
     g = ins.gate
     if g.kind == "channel":
         raise ValueError(f"gate '{g.name}' is a noise channel: the state-vector backend simulates unitaries only")
     if g.unitary is not None:
-        return jnp.asarray(g.unitary, dtype)
+        return np.asarray(g.unitary, complex)
     generator = ins.pauli if g.name == "pauli_rotation" else g.generator
+    if is_fixed(ins):
+        return _g.rotation_matrix(generator, float(ins.args[0]))
     a = _angle(ins.args[0], params)
     p = jnp.asarray(_g.pauli_matrix(generator), dtype)
     return jnp.cos(a / 2).astype(dtype) * jnp.eye(p.shape[0], dtype=dtype) - 1j * jnp.sin(a / 2).astype(dtype) * p
 
 
 def apply_matrix(psi, matrix, qubits, num_qubits):
-    """Apply a k-qubit matrix (little-endian on `qubits`) to a state of shape (2,)*n (axis n-1-q = qubit q)."""
+    """Apply a k-qubit matrix (little-endian on `qubits`) to a state of shape (2,)*n (axis n-1-q = qubit q).
+    On the host (numpy) when both are numpy arrays, else in JAX in psi's dtype."""
     axes = [num_qubits - 1 - q for q in qubits]
-    return jnp.moveaxis(_contract(psi, matrix, axes), list(range(len(axes))), list(reversed(axes)))
+    xp = np if isinstance(psi, np.ndarray) and isinstance(matrix, np.ndarray) else jnp
+    return xp.moveaxis(_contract(psi, matrix, axes), list(range(len(axes))), list(reversed(axes)))
 
 
 def _contract(psi, matrix, axes):
     """tensordot of the matrix with psi's `axes` (bit j of the matrix index is axis axes[j]); the
-    result has the block's axes first, most significant bit first, then psi's other axes in order."""
+    result has the block's axes first, most significant bit first, then psi's other axes in order.
+    On the host (numpy) when both are numpy arrays."""
     k = len(axes)
-    m = matrix.reshape((2,) * (2 * k))  # row index bits, most significant first: axes[k-1] ... axes[0]
+    pairs = (list(range(k, 2 * k)), list(reversed(axes)))
+    if isinstance(psi, np.ndarray) and isinstance(matrix, np.ndarray):
+        return np.tensordot(matrix.reshape((2,) * (2 * k)), psi, axes=pairs)
+    m = jnp.asarray(matrix, psi.dtype).reshape((2,) * (2 * k))  # row index bits, most significant first
     # HIGHEST: GPUs otherwise contract complex64 in TF32 (1e-4 errors)
-    return jnp.tensordot(m, psi, axes=(list(range(k, 2 * k)), list(reversed(axes))), precision=jax.lax.Precision.HIGHEST)
+    return jnp.tensordot(m, psi, axes=pairs, precision=jax.lax.Precision.HIGHEST)
 
 
 def product_kets(state, num_qubits) -> np.ndarray:

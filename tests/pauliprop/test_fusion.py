@@ -85,6 +85,31 @@ def test_fusion_shrinks_a_layered_circuit_and_keeps_its_gradient():
     np.testing.assert_allclose(np.asarray(jax.grad(energy(3))(p)), np.asarray(jax.grad(energy(None))(p)), atol=1e-12)
 
 
+def test_fixed_gates_fold_into_constants_so_the_trace_follows_the_passes_not_the_gates():
+    rng = np.random.default_rng(3)
+
+    def random_fixed(depth, param_every=0):
+        c = pp.Circuit(4)
+        for j in range(depth):
+            a, b = (int(q) for q in rng.choice(4, 2, replace=False))
+            angle = pp.Param(j % 3) if param_every and j % param_every == 2 else float(rng.uniform(-3, 3))
+            [lambda: c.h(a), lambda: c.cx(a, b), lambda: c.rx(a, angle), lambda: c.rzz(a, b, angle), lambda: c.t(b)][j % 5]()
+        return c
+
+    def trace_size(c, p=None):
+        return len(jax.make_jaxpr(lambda q: SV.simulate(c, q, fuse=4))(p).eqns)
+
+    shallow, deep = random_fixed(20), random_fixed(400)
+    assert len(partition(shallow, 4)) == len(partition(deep, 4)) == 1
+    assert trace_size(deep) == trace_size(shallow)
+    np.testing.assert_allclose(np.asarray(SV.simulate(deep, fuse=4)), np.asarray(SV.simulate(deep)), atol=1e-12)
+    # parametrized gates stay traced (and differentiable); the fixed runs between them are one product each
+    mixed = random_fixed(400, param_every=50)
+    p = jnp.asarray([0.3, -1.1, 2.0])
+    assert trace_size(mixed, p) < trace_size(random_fixed(400, param_every=5), p)
+    np.testing.assert_allclose(np.asarray(SV.simulate(mixed, p, fuse=4)), np.asarray(SV.simulate(mixed, p)), atol=1e-12)
+
+
 def test_a_bad_width_names_the_cause_before_allocating(monkeypatch):
     monkeypatch.setattr(SV, "product_state", lambda *a, **k: (_ for _ in ()).throw(AssertionError("allocated")))
     with pytest.raises(ValueError, match="fusion width k must be a positive int, got 0"):
