@@ -215,15 +215,21 @@ def bench_circuit(name, qc, args, dtype, floors, rows):
     modes = ["auto"] + list(args.widths) + ([None] if n <= args.unfused_max else [])
     ours_psi = None
     for fuse in modes:
-        k = fusion.choose_width(c, dtype=dtype) if fuse == "auto" else fuse
-        passes = len(c.instructions) if k is None else len(fusion.plan(c, k).blocks)
-        compiled, t = run_ours(c, k, dtype, args.repeats)
+        steps = None
+        if fuse == "auto":
+            k, steps = fusion.choose_width(c, dtype=dtype), fusion.choose_plan(c, dtype=dtype)
+        elif fuse is not None:
+            k, steps = fuse, fusion.plan(c, fuse)
+        else:
+            k = None
+        passes = len(c.instructions) if steps is None else len(steps.blocks)
+        compiled, t = run_ours(c, steps, dtype, args.repeats)
         t.update(fuse=fuse, width=k, passes=passes, per_pass_over_floor=t["run_s"] / passes / floor)
-        if k is not None:
-            plan = fusion.plan(c, k)
-            t["diagonal_passes"] = sum(b.diagonal for b in plan.blocks)
+        if steps is not None:
+            t["diagonal_passes"] = sum(b.diagonal for b in steps.blocks)
+            t["elementwise_width"] = steps.elementwise_width
         row["ours"].append(t)
-        print(f"  {name:5s} n={n:2d} fuse={str(fuse):4s} k={k} passes={passes:4d} run {t['run_s'] * 1e3:9.2f} ms "
+        print(f"  {name:5s} n={n:2d} fuse={str(fuse):4s} k={k} e={steps and steps.elementwise_width} passes={passes:4d} run {t['run_s'] * 1e3:9.2f} ms "
               f"({t['per_pass_over_floor']:.2f}x floor/pass) compile {t['compile_s']:.1f} s", flush=True)
         if fuse == "auto" and n <= args.check_max:
             ours_psi = np.asarray(compiled())
@@ -254,6 +260,7 @@ def main():
     ap.add_argument("--check-max", type=int, default=24, help="compare amplitudes with aer up to this size")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--note", default="", help="recorded in the result file (e.g. the commit, where .git is stale)")
     args = ap.parse_args()
     args.widths = [int(w) for w in args.widths.split(",") if w]
     dtype = jnp.dtype(args.dtype).type
@@ -270,7 +277,8 @@ def main():
         print(f"floor n={n}: {floors[n] * 1e3:.3f} ms per pass ({gbs:.0f} GB/s)", flush=True)
     largest = max(all_sizes)
     passes = fusion.measure_pass_seconds(largest, dtype=dtype, repeats=args.repeats)
-    print(f"pass seconds at n={largest}: " + ", ".join(f"{k}: {v * 1e3:.2f} ms" for k, v in passes.items()), flush=True)
+    print(f"pass seconds at n={largest} (x floor): " + ", ".join(f"{k}: {v * 1e3:.2f} ms ({v / floors[largest]:.2f}x)"
+                                                             for k, v in passes.items()), flush=True)
 
     rows = []
     for n in sizes:
@@ -285,6 +293,8 @@ def main():
               "floor_s": {str(n): t for n, t in floors.items()},
               "floor_GBps": {str(n): 2 * 2**n * jnp.dtype(dtype).itemsize / t / 1e9 for n, t in floors.items()},
               "pass_seconds": {str(k): v for k, v in passes.items()}, "pass_seconds_qubits": largest, "rows": rows}
+    if args.note:
+        result["note"] = args.note
     out = args.out or benchtools.default_out("statevector_bench", env["jax_backend"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -4,7 +4,7 @@ A state of 2^n amplitudes costs a full pass of memory per applied operator, what
 few qubits, so fewer, fuller passes are faster (HyQuas). The plan has three kinds of step:
 
 - dense blocks: runs of gates on at most k qubits multiplied into one 2^m x 2^m unitary, applied as
-  one matrix product (HyQuas's TransMM);
+  one matrix product (HyQuas's TransMM) or, when narrow, as sums of slices in one element-wise pass;
 - diagonal blocks: runs of diagonal gates (rz, rzz, cz, s, t, Z-type Pauli rotations...) on any
   number of qubits, applied element-wise as a product of small tables of at most `table_width`
   qubits each, which XLA fuses into one pass. Diagonal gates commute with one another, so the
@@ -12,8 +12,9 @@ few qubits, so fewer, fuller passes are faster (HyQuas). The plan has three kind
 - swaps: not applied at all. A swap only relabels which wire holds which qubit; the relabeling is
   tracked and undone by the executor's final transpose.
 
-`partition` builds the blocks greedily; `plan` adds the swap relabeling; `choose_width` picks k from
-pass times measured on the current device (`measure_pass_seconds`), HyQuas's cost model in small.
+`partition` builds the blocks greedily; `plan` adds the swap relabeling; `choose_plan` picks k, and the
+widest block applied as sums of slices, from pass times measured on the current device
+(`measure_pass_seconds`): HyQuas's cost model in small.
 Block unitaries and tables multiply their fixed gates on the host and their parametrized gates inside
 JAX: a fixed circuit's plan is a few constants, and fused simulation stays differentiable in params.
 """
@@ -49,6 +50,7 @@ class Plan(NamedTuple):
     circuit: Circuit
     blocks: list[Block]
     wire_of: tuple[int, ...]
+    elementwise_width: int = 2  # dense blocks up to this width run as sums of slices (statevector.apply_block)
 
 
 def is_diagonal(ins: Instruction) -> bool:
@@ -106,8 +108,9 @@ def partition(circuit: Circuit, k: int, diagonal: bool = True) -> list[Block]:
     return blocks
 
 
-def plan(circuit: Circuit, k: int, diagonal: bool = True) -> Plan:
-    """Swaps turned into relabeling, then `partition`."""
+def relabel_swaps(circuit: Circuit) -> tuple[Circuit, tuple[int, ...]]:
+    """The circuit without its swaps, each gate moved to the wire that holds its qubit, and wire_of
+    (qubit q ends on wire wire_of[q])."""
     wire_of = list(range(circuit.num_qubits))
     moved = Circuit(circuit.num_qubits)
     for ins in circuit.instructions:
@@ -116,7 +119,34 @@ def plan(circuit: Circuit, k: int, diagonal: bool = True) -> Plan:
             wire_of[a], wire_of[b] = wire_of[b], wire_of[a]
         else:
             moved.instructions.append(dataclasses.replace(ins, qubits=tuple(wire_of[q] for q in ins.qubits)))
-    return Plan(moved, partition(moved, k, diagonal), tuple(wire_of))
+    return moved, tuple(wire_of)
+
+
+def check_plan(circuit: Circuit, p: Plan) -> Plan:
+    """p, when it is a plan of this circuit (its gates, after swap relabeling, are the circuit's, and
+    each is placed once); else a ValueError naming the mismatch."""
+    moved, wire_of = relabel_swaps(circuit)
+    if p.circuit.num_qubits != circuit.num_qubits or p.circuit.instructions != moved.instructions or p.wire_of != wire_of:
+        raise ValueError(f"the plan is not one of this circuit ({circuit.num_qubits} qubits, {len(circuit.instructions)} "
+                         f"gates): it was made for a circuit of {p.circuit.num_qubits} qubits and "
+                         f"{len(p.circuit.instructions)} gates after swap relabeling; plan this circuit")
+    if sorted(i for b in p.blocks for i in b.gates) != list(range(len(moved.instructions))):
+        raise ValueError("the plan does not place each of the circuit's gates exactly once")
+    return p
+
+
+def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int | None = None) -> Plan:
+    """Swaps turned into relabeling (relabel_swaps), then `partition`. elementwise_width: see Plan
+    (None: the default, statevector.ELEMENTWISE_WIDTH)."""
+    from .statevector import ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH
+
+    if elementwise_width is None:
+        elementwise_width = ELEMENTWISE_WIDTH
+    if isinstance(elementwise_width, bool) or not isinstance(elementwise_width, int) \
+            or not 0 <= elementwise_width <= MAX_ELEMENTWISE_WIDTH:
+        raise ValueError(f"elementwise_width must be an int in 0..{MAX_ELEMENTWISE_WIDTH}, got {elementwise_width!r}")
+    moved, wire_of = relabel_swaps(circuit)
+    return Plan(moved, partition(moved, k, diagonal), wire_of, elementwise_width)
 
 
 def block_matrix(circuit: Circuit, block: Block, params, dtype):
@@ -214,10 +244,12 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
 
 def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex128, repeats: int = 5) -> dict:
     """The cost model's input: seconds of one pass over a state of num_qubits on the default device
-    (median of `repeats` after a compile), keyed w for a dense block of width w on mid-state axes
-    (a transpose, then the product), ("in_place", w) for one on the trailing axes that needs no
-    transpose (statevector.gemm_in_place; measured for GEMM widths only), and "diagonal"."""
-    from .statevector import ELEMENTWISE_WIDTH, apply_block
+    (median of `repeats` after a compile), keyed
+      w                  a GEMM block of width w on mid-state axes (a transpose, then the product);
+      ("in_place", w)    a GEMM block on the trailing axes, which needs no transpose (statevector.gemm_in_place);
+      ("elementwise", w) sums of slices on mid-state axes, for w up to statevector.MAX_ELEMENTWISE_WIDTH;
+      "diagonal"         an element-wise diagonal."""
+    from .statevector import MAX_ELEMENTWISE_WIDTH, apply_block
 
     rng = np.random.default_rng(0)
     psi = jnp.asarray(rng.standard_normal(2**num_qubits), dtype).reshape((2,) * num_qubits)
@@ -231,16 +263,20 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
+    def block(axes, elementwise_width):
+        return jax.jit(lambda p, m: apply_block(p, m, axes, elementwise_width)[0])
+
     out = {}
     for w in widths:
         if w > num_qubits:
             continue
         m = jnp.asarray(rng.standard_normal((2**w, 2**w)), dtype)
-        axes = list(range(num_qubits // 2 - w // 2, num_qubits // 2 - w // 2 + w))  # mid-state qubits
-        out[w] = timed(jax.jit(lambda p, m, axes=axes: apply_block(p, m, axes)[0]), psi, m)
-        if w > ELEMENTWISE_WIDTH:
-            edge = list(range(num_qubits - 1, num_qubits - 1 - w, -1))
-            out[("in_place", w)] = timed(jax.jit(lambda p, m, axes=edge: apply_block(p, m, axes)[0]), psi, m)
+        mid = list(range(num_qubits // 2 - w // 2, num_qubits // 2 - w // 2 + w))
+        edge = list(range(num_qubits - 1, num_qubits - 1 - w, -1))
+        out[w] = timed(block(mid, 0), psi, m)
+        out[("in_place", w)] = timed(block(edge, 0), psi, m)
+        if w <= MAX_ELEMENTWISE_WIDTH:
+            out[("elementwise", w)] = timed(block(mid, w), psi, m)
     t = jnp.asarray(rng.standard_normal((2,) * min(TABLE_WIDTH, num_qubits)), dtype)
     out["diagonal"] = timed(jax.jit(lambda p, t: p * t.reshape(t.shape + (1,) * (num_qubits - t.ndim))), psi, t)
     return out
@@ -251,17 +287,32 @@ def _device_pass_seconds(platform: str, num_qubits: int, dtype_name: str) -> tup
     return tuple(measure_pass_seconds(num_qubits, dtype=jnp.dtype(dtype_name)).items())
 
 
-# The size at which choose_width measures pass times, per backend: large enough that the ratios
+# The size at which choose_plan measures pass times, per backend: large enough that the ratios
 # between widths are those of big states (on an H100 they still shift between 20 and 28 qubits),
 # small enough to take well under a second (a 26-qubit pass is ~2 ms on a GPU, ~1 s on a CPU core).
 COST_MODEL_QUBITS = {"cpu": 18, "gpu": 26, "cuda": 26, "rocm": 26}
 
 
-def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
-    """The fusion width k whose plan has the least predicted time: the sum over its blocks of the
-    measured seconds of one pass of that block's width, in place or transposed as the executor's
-    tracked layout will have it (pass_seconds: as from measure_pass_seconds; None: measured once per
-    process on the default device at min(n, COST_MODEL_QUBITS) qubits; the ratios between widths,
+def elementwise_width_from(pass_seconds: dict) -> int:
+    """The widest w such that sums of slices cost no more than a GEMM, in place, at every width up to
+    w (the default, statevector.ELEMENTWISE_WIDTH, when pass_seconds has no element-wise times)."""
+    from .statevector import ELEMENTWISE_WIDTH
+
+    if not any(isinstance(key, tuple) and key[0] == "elementwise" for key in pass_seconds):
+        return ELEMENTWISE_WIDTH
+    width = 0
+    while ("elementwise", width + 1) in pass_seconds and \
+            pass_seconds[("elementwise", width + 1)] <= pass_seconds.get(("in_place", width + 1), np.inf):
+        width += 1
+    return width
+
+
+def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, Plan]:
+    """(k, plan) with the least predicted time over fusion widths k: the sum over its blocks of the
+    measured seconds of one pass of that block's width and form (sums of slices up to
+    `elementwise_width_from(pass_seconds)`, else a GEMM in place or transposed as the executor's
+    tracked layout will have it). pass_seconds: as from measure_pass_seconds; None: measured once per
+    process on the default device at min(n, COST_MODEL_QUBITS) qubits (the ratios between widths,
     not the absolute times, decide)."""
     from .statevector import block_layout, gemm_in_place
 
@@ -271,15 +322,15 @@ def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.c
     widths = sorted(w for w in pass_seconds if isinstance(w, int))
     if not widths:
         raise ValueError("pass_seconds has no dense widths")
+    elementwise = elementwise_width_from(pass_seconds)
 
-    def pass_cost(w, in_place):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
+    def pass_cost(w, form):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
         above = [v for v in widths if v >= w]
         v = above[0] if above else widths[-1]
-        t = pass_seconds.get(("in_place", v), pass_seconds[v]) if in_place else pass_seconds[v]
+        t = pass_seconds.get((form, v), pass_seconds[v])
         return t * 2.0 ** max(0, w - v)
 
-    def cost(k):
-        p = plan(circuit, k)
+    def cost(p):
         n = circuit.num_qubits
         at, total = list(range(n - 1, -1, -1)), 0.0
         for b in p.blocks:
@@ -287,8 +338,20 @@ def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.c
                 total += pass_seconds["diagonal"]
                 continue
             axes = [at.index(q) for q in b.qubits]
-            total += pass_cost(len(axes), gemm_in_place(n, axes))
-            at = [at[a] for a in block_layout(n, axes)]
+            form = "elementwise" if len(axes) <= elementwise else "in_place" if gemm_in_place(n, axes) else "mid"
+            total += pass_cost(len(axes), form)
+            at = [at[a] for a in block_layout(n, axes, elementwise)]
         return total
 
-    return min(widths, key=cost)
+    plans = {k: plan(circuit, k, elementwise_width=elementwise) for k in widths}
+    return min(plans.items(), key=lambda item: cost(item[1]))
+
+
+def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> Plan:
+    """The plan with the least predicted time (see _cheapest)."""
+    return _cheapest(circuit, pass_seconds, dtype)[1]
+
+
+def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
+    """The fusion width k of the plan with the least predicted time (see _cheapest)."""
+    return _cheapest(circuit, pass_seconds, dtype)[0]

@@ -93,7 +93,7 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
             else:
                 psi = make_local(psi, block.qubits, set(block.qubits))
                 matrix = block_matrix(steps.circuit, block, params, dtype)
-                psi, moved = sv.apply_block(psi, matrix, [loc.index(w) for w in block.qubits])
+                psi, moved = sv.apply_block(psi, matrix, [loc.index(w) for w in block.qubits], steps.elementwise_width)
                 loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in statevector.run_plan)
         # restore: slot i holds the wire of bit n-1-i, local axis j the wire of bit n-1-G-j
         want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]

@@ -2,7 +2,7 @@
 
 Amplitudes are little-endian (qubit q is bit q of the basis index). Gate matrices come from the
 shared gate table. `simulate(fuse=None)` is the small, clear reference, one pass per gate;
-`simulate(fuse=k | "auto")` runs a fusion plan (fusion.py), a few passes for hundreds of gates, up
+`simulate(fuse=k | "auto" | plan)` runs a fusion plan (fusion.py), a few passes for hundreds of gates, up
 to the device's memory. Both unroll into the trace: the reference per gate, a plan per pass (fixed
 gates are multiplied into their block on the host, so only parametrized gates add to the trace).
 """
@@ -110,37 +110,38 @@ def initial_state(state, num_qubits, dtype=jnp.complex128):
     return product_state(product_kets(state, num_qubits), range(num_qubits - 1, -1, -1), dtype).reshape(-1)
 
 
-ELEMENTWISE_WIDTH = 2  # blocks up to this width are applied as sums of slices, wider ones as a GEMM
+ELEMENTWISE_WIDTH = 2  # default: blocks up to this width are applied as sums of slices, wider ones as a GEMM
+MAX_ELEMENTWISE_WIDTH = 4  # the widest the cost model may apply as sums of slices (2^k terms per amplitude)
 
 
-def apply_block(psi, matrix, axes):
+def apply_block(psi, matrix, axes, elementwise_width: int = ELEMENTWISE_WIDTH):
     """Apply a k-qubit matrix to psi's axes `axes` (bit j of the matrix index is axis axes[j]).
     Returns (psi, moved): moved[i] is the input axis now at axis i.
 
-    Up to ELEMENTWISE_WIDTH qubits: each output slice is a sum of 2^k input slices, which XLA fuses
-    into one element-wise pass (a dot over 2 or 4 rows would be a poor GEMM plus transposes). Wider:
+    Up to `elementwise_width` qubits: each output slice is a sum of 2^k input slices, which XLA fuses
+    into one element-wise pass (a dot over a few rows would be a poor GEMM plus transposes). Wider:
     one tensordot, whose result keeps the block's axes first instead of being transposed back."""
     k = len(axes)
-    if k <= ELEMENTWISE_WIDTH:
-        slices = {}
-        for col in range(2**k):
-            index = [slice(None)] * psi.ndim
-            for j, a in enumerate(axes):
-                index[a] = (col >> j) & 1
-            slices[col] = psi[tuple(index)]
-        outs = [sum(matrix[row, col] * slices[col] for col in range(2**k)) for row in range(2**k)]
-        # restack: the block's axes go last (most significant bit first), then are not moved back
-        out = jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k)
-        return out, block_layout(psi.ndim, axes)
-    return _contract(psi, matrix, axes), block_layout(psi.ndim, axes)
+    moved = block_layout(psi.ndim, axes, elementwise_width)
+    if k > elementwise_width:
+        return _contract(psi, matrix, axes), moved
+    slices = {}
+    for col in range(2**k):
+        index = [slice(None)] * psi.ndim
+        for j, a in enumerate(axes):
+            index[a] = (col >> j) & 1
+        slices[col] = psi[tuple(index)]
+    outs = [sum(matrix[row, col] * slices[col] for col in range(2**k)) for row in range(2**k)]
+    # restack: the block's axes go last (most significant bit first), then are not moved back
+    return jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k), moved
 
 
-def block_layout(ndim: int, axes) -> list[int]:
+def block_layout(ndim: int, axes, elementwise_width: int = ELEMENTWISE_WIDTH) -> list[int]:
     """apply_block's `moved`: where each input axis goes when a block acts on `axes` (the block's
     axes, most significant bit first, go last for element-wise blocks and first for GEMMs)."""
     rest = [a for a in range(ndim) if a not in axes]
     rows = list(reversed(axes))
-    return rest + rows if len(axes) <= ELEMENTWISE_WIDTH else rows + rest
+    return rest + rows if len(axes) <= elementwise_width else rows + rest
 
 
 def gemm_in_place(ndim: int, axes) -> bool:
@@ -161,18 +162,19 @@ def run_plan(plan, params, psi, at, dtype):
             psi = apply_diagonal(psi, diagonal_tables(plan.circuit, block, params, dtype), at)
         else:
             m = block_matrix(plan.circuit, block, params, dtype)
-            psi, moved = apply_block(psi, m, [at.index(q) for q in block.qubits])
+            psi, moved = apply_block(psi, m, [at.index(q) for q in block.qubits], plan.elementwise_width)
             at = [at[a] for a in moved]
     return psi, at
 
 
-def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | str | None = None):
+def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse=None):
     """The 2^n amplitudes of circuit|state> (little-endian).
 
     fuse: None (one pass over the state per gate: the plain reference), k (fusion.plan: dense blocks
-    of at most k qubits, diagonal runs element-wise, swaps as relabeling), or "auto" (k from
-    fusion.choose_width, pass times measured on this device). Wrap in jax.jit to run it as one
-    program; gradients in params flow through every mode."""
+    of at most k qubits, diagonal runs element-wise, swaps as relabeling), "auto" (fusion.choose_plan:
+    k and the element-wise width from pass times measured on this device), or a fusion.Plan of this
+    circuit (to choose once and reuse). Wrap in jax.jit to run it as one program; gradients in params
+    flow through every mode."""
     n = circuit.num_qubits
     check_size(n, dtype)
     if circuit.num_params and params is None:
@@ -185,11 +187,12 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fus
         for ins in circuit.instructions:
             psi = apply_matrix(psi, _gate_matrix(ins, params, dtype), ins.qubits, n)
         return psi.reshape(-1)
-    from .fusion import choose_width, plan
+    from .fusion import Plan, check_plan, choose_plan, plan
 
-    if fuse == "auto":
-        fuse = choose_width(circuit, dtype=dtype)
-    p = plan(circuit, fuse)  # checks fuse before allocating
+    if isinstance(fuse, Plan):
+        p = check_plan(circuit, fuse)
+    else:  # plan() checks fuse before anything is allocated
+        p = choose_plan(circuit, dtype=dtype) if isinstance(fuse, str) and fuse == "auto" else plan(circuit, fuse)
     at = list(range(n - 1, -1, -1))
     psi, at = run_plan(p, params, product_state(kets, at, dtype), at, dtype)
     # amplitude bit q is wire wire_of[q]: axis a of the result holds bit n-1-a

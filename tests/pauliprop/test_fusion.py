@@ -62,11 +62,12 @@ def test_diagonal_gates_are_the_ones_with_diagonal_matrices():
 
 
 @settings(max_examples=12)
-@given(circuits(), st.integers(1, 5))
-def test_fused_amplitudes_equal_gate_by_gate(case, k):
+@given(circuits(), st.integers(1, 5), st.integers(0, SV.MAX_ELEMENTWISE_WIDTH))
+def test_fused_amplitudes_equal_gate_by_gate(case, k, elementwise_width):
     c, p, state = case
     plain = np.asarray(SV.simulate(c, p, state))
-    fused = np.asarray(jax.jit(lambda q: SV.simulate(c, q, state, fuse=k))(p))
+    steps = fusion.plan(c, k, elementwise_width=elementwise_width)  # GEMMs, sums of slices, or both
+    fused = np.asarray(jax.jit(lambda q: SV.simulate(c, q, state, fuse=steps))(p))
     assert abs(np.vdot(plain, fused)) ** 2 > 1 - 1e-12  # fidelity, and no global phase either:
     np.testing.assert_allclose(fused, plain, atol=1e-12)
 
@@ -157,7 +158,8 @@ def test_the_cost_model_picks_the_width_with_the_least_predicted_time():
     steep = {w: 4.0**w for w in range(1, 6)} | {"diagonal": 1.0}  # wide passes cost more than they save:
     assert fusion.choose_width(c, steep) == 2  # the width of the widest gate (cx) wins
     measured = fusion.measure_pass_seconds(10, widths=(1, 3), repeats=2)
-    assert set(measured) == {1, 3, ("in_place", 3), "diagonal"} and all(t > 0 for t in measured.values())
+    assert set(measured) == {1, 3, ("in_place", 1), ("in_place", 3), ("elementwise", 1), ("elementwise", 3),
+                             "diagonal"} and all(t > 0 for t in measured.values())
     # a GEMM on the state's edge axes costs its in-place time: cheap in-place passes favour them
     edge = {w: 1.0 for w in range(1, 6)} | {("in_place", w): 0.01 for w in range(3, 6)} | {"diagonal": 1.0}
     walsh = pp.Circuit(12)
@@ -167,3 +169,28 @@ def test_the_cost_model_picks_the_width_with_the_least_predicted_time():
     assert fusion.choose_width(c, measured) in (1, 3)
     np.testing.assert_allclose(np.asarray(SV.simulate(c, np.ones(c.num_params), fuse="auto")),
                                np.asarray(SV.simulate(c, np.ones(c.num_params))), atol=1e-12)
+
+def test_the_cost_model_applies_blocks_as_sums_of_slices_up_to_the_width_where_they_stop_paying():
+    timings = {w: 10.0 for w in range(1, 6)} | {("in_place", w): 2.0 for w in range(1, 6)} | {"diagonal": 1.0}
+    sums = {("elementwise", 1): 1.0, ("elementwise", 2): 1.5, ("elementwise", 3): 1.9, ("elementwise", 4): 2.5}
+    assert fusion.elementwise_width_from(timings) == SV.ELEMENTWISE_WIDTH  # nothing measured: the default
+    assert fusion.elementwise_width_from(timings | sums) == 3  # 4 is dearer than a GEMM in place
+    assert fusion.elementwise_width_from(timings | sums | {("elementwise", 2): 9.0}) == 1  # every width up to it
+    c = pp.ansatz.hardware_efficient(8, 3, rotations=("ry", "rz"), entangler="cx")
+    chosen = fusion.choose_plan(c, timings | sums)
+    assert chosen.elementwise_width == 3
+    np.testing.assert_allclose(np.asarray(SV.simulate(c, np.ones(c.num_params), fuse=chosen)),
+                               np.asarray(SV.simulate(c, np.ones(c.num_params))), atol=1e-12)
+
+
+def test_a_plan_of_another_circuit_is_refused():
+    c = pp.Circuit(3).h(0).cx(0, 1).swap(1, 2).rz(2, 0.3)
+    other = pp.Circuit(3).h(0).cx(0, 1).rz(2, 0.3)
+    good = fusion.plan(c, 2)
+    assert fusion.check_plan(c, good) is good
+    with pytest.raises(ValueError, match="the plan is not one of this circuit"):
+        SV.simulate(c, fuse=fusion.plan(other, 2))
+    with pytest.raises(ValueError, match="exactly once"):
+        SV.simulate(c, fuse=good._replace(blocks=good.blocks[1:]))
+    with pytest.raises(ValueError, match="elementwise_width must be an int in 0..4, got 5"):
+        fusion.plan(c, 2, elementwise_width=5)
