@@ -65,28 +65,33 @@ def is_diagonal(ins: Instruction) -> bool:
     return set(generator) <= {"I", "Z"}
 
 
-def partition(circuit: Circuit, k: int, diagonal: bool = True) -> list[Block]:
+def partition(circuit: Circuit, k: int, diagonal: bool = True, lookahead: int = 1) -> list[Block]:
     """The circuit's gates grouped into dense blocks of at most k qubits (a gate wider than k is a
     block of its own) and, with `diagonal`, diagonal blocks of any width.
 
     Each block is filled by scanning the gates not yet placed; a gate may join a block ahead of
     skipped gates when it commutes with all of them: it shares no qubit with them, or it and every
-    skipped gate it shares a qubit with are diagonal. When the first unplaced gate is diagonal, both
-    a dense and a diagonal block are grown from it and the one holding more gates is kept."""
+    skipped gate it shares a qubit with are diagonal. A block is grown from the first unplaced gate
+    and, with lookahead L > 1, also from each of the next L - 1 gates of the front (gates that no
+    unplaced gate precedes on any of their qubits); when the first unplaced gate is diagonal, a
+    diagonal block is grown from it too. The candidate holding the most gates is kept (ties: the
+    earliest), which on brickwork circuits finds fuller blocks than the first gate's alone."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"fusion width k must be a positive int, got {k!r}")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise ValueError(f"lookahead must be a positive int, got {lookahead!r}")
     ins = circuit.instructions
     diag = [diagonal and is_diagonal(i) for i in ins]
     n = circuit.num_qubits
 
-    def grow(remaining, want_diagonal):
-        qubits, gates = set(), []
+    def grow(remaining, want_diagonal, seed=None):
+        qubits, gates = set() if seed is None else set(ins[seed].qubits), []
         blocks_all, blocks_dense = set(), set()  # qubits of skipped non-diagonal / diagonal gates
         for i in remaining:
             touched = set(ins[i].qubits)
             movable = not touched & blocks_all and (diag[i] or not touched & blocks_dense)
             fits = (diag[i] and len(gates) < MAX_DIAGONAL_GATES) if want_diagonal else \
-                (not gates or len(qubits | touched) <= k)
+                ((not gates and seed is None) or len(qubits | touched) <= k)
             if movable and fits:
                 qubits |= touched
                 gates.append(i)
@@ -96,12 +101,26 @@ def partition(circuit: Circuit, k: int, diagonal: bool = True) -> list[Block]:
                     break
         return Block(tuple(sorted(qubits)), tuple(gates), want_diagonal)
 
+    def front(remaining):  # up to lookahead - 1 seeds after the first gate, each at most k wide
+        seen, seeds = set(ins[remaining[0]].qubits), []
+        for i in remaining[1:]:
+            if len(seeds) == lookahead - 1 or len(seen) == n:
+                break
+            touched = set(ins[i].qubits)
+            if not touched & seen and len(touched) <= k:
+                seeds.append(i)
+            seen |= touched
+        return seeds
+
     remaining = list(range(len(ins)))
     blocks = []
     while remaining:
-        block = grow(remaining, False)
+        candidates = [grow(remaining, False)]
         if diag[remaining[0]]:
-            block = max(grow(remaining, True), block, key=lambda b: len(b.gates))  # ties: diagonal
+            candidates.insert(0, grow(remaining, True))  # ties: diagonal
+        if lookahead > 1:
+            candidates += [grow(remaining, False, seed) for seed in front(remaining)]
+        block = max(candidates, key=lambda b: len(b.gates))
         placed = set(block.gates)
         remaining = [i for i in remaining if i not in placed]
         blocks.append(block)
@@ -135,9 +154,10 @@ def check_plan(circuit: Circuit, p: Plan) -> Plan:
     return p
 
 
-def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int | None = None) -> Plan:
-    """Swaps turned into relabeling (relabel_swaps), then `partition`. elementwise_width: see Plan
-    (None: the default, statevector.ELEMENTWISE_WIDTH)."""
+def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int | None = None,
+         lookahead: int = 1) -> Plan:
+    """Swaps turned into relabeling (relabel_swaps), then `partition` (with its lookahead).
+    elementwise_width: see Plan (None: the default, statevector.ELEMENTWISE_WIDTH)."""
     from .statevector import ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH
 
     if elementwise_width is None:
@@ -146,7 +166,7 @@ def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int
             or not 0 <= elementwise_width <= MAX_ELEMENTWISE_WIDTH:
         raise ValueError(f"elementwise_width must be an int in 0..{MAX_ELEMENTWISE_WIDTH}, got {elementwise_width!r}")
     moved, wire_of = relabel_swaps(circuit)
-    return Plan(moved, partition(moved, k, diagonal), wire_of, elementwise_width)
+    return Plan(moved, partition(moved, k, diagonal, lookahead), wire_of, elementwise_width)
 
 
 def block_matrix(circuit: Circuit, block: Block, params, dtype):
@@ -307,8 +327,11 @@ def elementwise_width_from(pass_seconds: dict) -> int:
     return width
 
 
+LOOKAHEADS = (1, 8)  # partition lookaheads the cost model tries at every width
+
+
 def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, Plan]:
-    """(k, plan) with the least predicted time over fusion widths k: the sum over its blocks of the
+    """(k, plan) with the least predicted time over fusion widths k and LOOKAHEADS: the sum over its blocks of the
     measured seconds of one pass of that block's width and form (sums of slices up to
     `elementwise_width_from(pass_seconds)`, else a GEMM in place or transposed as the executor's
     tracked layout will have it). pass_seconds: as from measure_pass_seconds; None: measured once per
@@ -343,8 +366,9 @@ def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, 
             at = [at[a] for a in block_layout(n, axes, elementwise)]
         return total
 
-    plans = {k: plan(circuit, k, elementwise_width=elementwise) for k in widths}
-    return min(plans.items(), key=lambda item: cost(item[1]))
+    plans = [(k, plan(circuit, k, elementwise_width=elementwise, lookahead=lookahead))
+             for k in widths for lookahead in LOOKAHEADS]
+    return min(plans, key=lambda item: cost(item[1]))
 
 
 def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> Plan:

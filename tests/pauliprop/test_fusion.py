@@ -27,12 +27,12 @@ def circuits(draw, max_n=6, length=16):
 
 
 @settings(max_examples=30)
-@given(circuits(), st.integers(1, 5))
-def test_blocks_cover_every_gate_once_keeping_the_order_of_gates_that_do_not_commute(case, k):
+@given(circuits(), st.integers(1, 5), st.integers(1, 6))
+def test_blocks_cover_every_gate_once_keeping_the_order_of_gates_that_do_not_commute(case, k, lookahead):
     c, _, _ = case
     ins = c.instructions
     for diagonal in (False, True):
-        blocks = partition(c, k, diagonal=diagonal)
+        blocks = partition(c, k, diagonal=diagonal, lookahead=lookahead)
         order = [i for b in blocks for i in b.gates]
         assert sorted(order) == list(range(len(ins)))
         position = {g: j for j, g in enumerate(order)}
@@ -194,3 +194,17 @@ def test_a_plan_of_another_circuit_is_refused():
         SV.simulate(c, fuse=good._replace(blocks=good.blocks[1:]))
     with pytest.raises(ValueError, match="elementwise_width must be an int in 0..4, got 5"):
         fusion.plan(c, 2, elementwise_width=5)
+
+
+def test_lookahead_finds_fuller_blocks_on_a_brickwork_and_the_cost_model_tries_it():
+    c = pp.Circuit(8)
+    for layer in range(8):
+        for a in range(layer % 2, 7, 2):
+            c.rxx(a, a + 1, 0.3 + 0.1 * a).ryy(a, a + 1, 0.2 * layer)
+    assert len(partition(c, 3, lookahead=8)) < len(partition(c, 3)) == 15
+    ahead = fusion.plan(c, 3, lookahead=8)
+    np.testing.assert_allclose(np.asarray(SV.simulate(c, fuse=ahead)), np.asarray(SV.simulate(c)), atol=1e-12)
+    per_pass = {3: 1.0, "diagonal": 1.0}  # every pass costs the same: the plan with the fewest passes wins
+    assert len(fusion.choose_plan(c, per_pass).blocks) == len(ahead.blocks)
+    with pytest.raises(ValueError, match="lookahead must be a positive int, got 0"):
+        partition(c, 3, lookahead=0)
