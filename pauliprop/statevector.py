@@ -1,16 +1,18 @@
 """Exact dense state-vector simulation: the reference for every estimate, and the exact method.
 
 Amplitudes are little-endian (qubit q is bit q of the basis index). Gate matrices come from the
-shared gate table. `simulate(fuse=None)` is the small, clear reference, one pass per gate;
-`simulate(fuse=k | "auto" | plan)` runs a fusion plan (fusion.py), a few passes for hundreds of gates, up
-to the device's memory. Both unroll into the trace: the reference per gate, a plan per pass (fixed
-gates are multiplied into their block on the host, so only parametrized gates add to the trace).
+shared gate table. `simulate(fuse=None)` is the small, clear reference: a lax.scan over the
+circuit's gate table, one pass per gate, whose compile time does not grow with depth.
+`simulate(fuse=k | "auto" | plan)` runs a fusion plan (fusion.py), a few passes for hundreds of
+gates, up to the device's memory; the plan unrolls into the trace per pass (fixed gates are
+multiplied into their block on the host, so only parametrized gates add to the trace).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +83,96 @@ def product_kets(state, num_qubits) -> np.ndarray:
         theta, phi = math.acos(max(-1.0, min(1.0, bz))), math.atan2(by, bx)
         kets.append([math.cos(theta / 2), np.exp(1j * phi) * math.sin(theta / 2)])
     return np.array(kets, dtype=complex).reshape(num_qubits, 2)
+
+
+class GateTable(NamedTuple):
+    """A circuit as arrays, one row per gate, for the scanned reference executor (`run_gates`).
+
+    kind 0: a fixed unitary on qubits (a, b) as a 4 x 4 matrix (bit 0 of its index is qubit a; a
+    one-qubit gate is padded with the identity on a partner qubit b). kind 1: a Pauli rotation
+    exp(-i angle/2 P) on any qubits, P = phase X^xmask Z^zmask (phase = i^{number of Y}), with
+    angle = scale * params[index] + offset."""
+
+    kind: np.ndarray
+    matrix: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    xmask: np.ndarray
+    zmask: np.ndarray
+    phase: np.ndarray
+    index: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray
+
+
+def gate_table(circuit: Circuit, num_qubits: int) -> GateTable:
+    """The circuit's gates as a GateTable over num_qubits (>= 2) qubits, built on the host."""
+    ins = circuit.instructions
+    count = len(ins)
+    t = GateTable(np.zeros(count, np.int32), np.tile(np.eye(4, dtype=complex), (count, 1, 1)),
+                  np.zeros(count, np.int32), np.ones(count, np.int32), np.zeros(count, np.int64),
+                  np.zeros(count, np.int64), np.ones(count, complex), np.zeros(count, np.int32),
+                  np.zeros(count), np.zeros(count))
+    for g, i in enumerate(ins):
+        gd = i.gate
+        if gd.kind == "channel":
+            raise ValueError(f"gate '{gd.name}' is a noise channel: the state-vector backend simulates unitaries only")
+        if gd.unitary is not None:
+            u = np.asarray(gd.unitary, complex)
+            if len(i.qubits) == 1:
+                t.a[g], t.b[g] = i.qubits[0], (i.qubits[0] + 1) % num_qubits
+                u = np.kron(np.eye(2), u)  # identity on the partner (the index's high bit)
+            else:
+                t.a[g], t.b[g] = i.qubits
+            t.matrix[g] = u
+            continue
+        t.kind[g] = 1
+        generator = i.pauli if gd.name == "pauli_rotation" else gd.generator
+        for ch, q in zip(generator, i.qubits):
+            t.xmask[g] |= (ch in "XY") << q
+            t.zmask[g] |= (ch in "ZY") << q
+        t.phase[g] = 1j ** generator.count("Y")
+        angle = i.args[0]
+        if isinstance(angle, Param):
+            t.index[g], t.scale[g], t.offset[g] = angle.index, angle.scale, angle.offset
+        else:
+            t.offset[g] = float(angle)
+    return t
+
+
+def run_gates(table: GateTable, params, psi, dtype):
+    """psi (2^n amplitudes, n >= 2) after the table's gates, one lax.scan step per gate: a gather by
+    index bits for each of the 4 source amplitudes of a fixed gate, or one for a Pauli rotation.
+    The trace holds one step whatever the depth, so compilation is flat in the number of gates."""
+    size = psi.shape[0]
+    n = size.bit_length() - 1
+    if n >= 31 and not jax.config.jax_enable_x64:
+        raise ValueError(f"the scanned executor indexes 2^{n} amplitudes: enable jax_enable_x64")
+    itype = jnp.int64 if n >= 31 else jnp.int32
+    real = jnp.finfo(dtype).dtype
+    values = jnp.zeros(1, real) if params is None else jnp.concatenate([jnp.asarray(params, real).reshape(-1), jnp.zeros(1, real)])
+    angles = jnp.asarray(table.scale, real) * values[table.index] + jnp.asarray(table.offset, real)
+    rows = (jnp.asarray(table.kind), jnp.asarray(table.matrix, dtype), jnp.asarray(table.a, itype),
+            jnp.asarray(table.b, itype), jnp.asarray(table.xmask, itype), jnp.asarray(table.zmask, itype),
+            jnp.asarray(table.phase, dtype), angles)
+    j = jax.lax.iota(itype, size)
+
+    def fixed(psi, m, a, b, *_):
+        row = ((j >> a) & 1) + 2 * ((j >> b) & 1)
+        base = j & ~((1 << a) | (1 << b))
+        m = m.reshape(-1)
+        return sum(m[row * 4 + c] * psi[base | ((c & 1) << a) | ((c >> 1) << b)] for c in range(4))
+
+    def rotation(psi, m, a, b, xmask, zmask, phase, angle):
+        source = j ^ xmask
+        sign = (1 - 2 * (jax.lax.population_count(source & zmask) & 1)).astype(real)
+        return jnp.cos(angle / 2).astype(dtype) * psi - 1j * jnp.sin(angle / 2).astype(dtype) * phase * sign * psi[source]
+
+    def step(psi, row):
+        kind, *rest = row
+        return jax.lax.cond(kind == 0, fixed, rotation, psi, *rest), None
+
+    return jax.lax.scan(step, psi, rows)[0]
 
 
 def check_size(num_qubits: int, dtype, devices: int = 1) -> None:
@@ -171,7 +263,7 @@ def run_plan(plan, params, psi, at, dtype):
 def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse=None):
     """The 2^n amplitudes of circuit|state> (little-endian).
 
-    fuse: None (one pass over the state per gate: the plain reference), k (fusion.plan: dense blocks
+    fuse: None (the plain reference: a scan over the gates, one pass each), k (fusion.plan: dense blocks
     of at most k qubits, diagonal runs element-wise, swaps as relabeling), "auto" (fusion.choose_plan:
     k and the element-wise width from pass times measured on this device), or a fusion.Plan of this
     circuit (to choose once and reuse). Wrap in jax.jit to run it as one program; gradients in params
@@ -184,10 +276,11 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fus
         params = jnp.asarray(params)
     kets = product_kets(state, n)
     if fuse is None:
-        psi = product_state(kets, range(n - 1, -1, -1), dtype)
-        for ins in circuit.instructions:
-            psi = apply_matrix(psi, _gate_matrix(ins, params, dtype), ins.qubits, n)
-        return psi.reshape(-1)
+        if n == 1:  # the scan pairs every qubit with a partner: run on 2 qubits, the second one |0>
+            padded = jnp.concatenate([product_state(kets, [0], dtype), jnp.zeros(2, dtype)])
+            return run_gates(gate_table(circuit, 2), params, padded, dtype)[:2]
+        psi = product_state(kets, range(n - 1, -1, -1), dtype).reshape(-1)
+        return run_gates(gate_table(circuit, n), params, psi, dtype)
     from .fusion import Plan, check_plan, choose_plan, plan
 
     if isinstance(fuse, Plan):

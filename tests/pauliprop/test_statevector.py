@@ -132,6 +132,25 @@ def test_pauli_expectations_of_a_10_qubit_state_build_nothing_of_its_size_on_the
     assert max((np.size(c) for c in closed.consts), default=0) <= 2
 
 
+def test_the_reference_is_one_scan_step_whatever_the_depth():
+    def layered(depth):
+        c = pp.Circuit(5)
+        for layer in range(depth):
+            for q in range(5):
+                c.ry(q, pp.Param(q)).t(q)
+            for q in range(layer % 2, 4, 2):
+                c.cx(q, q + 1).pauli_rotation("XZY", [q, q + 1, (q + 2) % 5], 0.1 * layer)
+        return c
+
+    def trace_size(c):
+        return len(jax.make_jaxpr(lambda p: SV.simulate(c, p))(jnp.zeros(5)).eqns)
+
+    assert trace_size(layered(2)) == trace_size(layered(200))
+    p = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, 5))
+    deep = layered(30)
+    np.testing.assert_allclose(np.asarray(SV.simulate(deep, p)), np.asarray(SV.simulate(deep, p, fuse=3)), atol=1e-12)
+
+
 def test_initial_states_are_the_documented_product_states():
     for state in ["0", "1", "+", "-", "r", "l", "01+-rl"]:
         n = len(state) if len(state) > 1 else 2
