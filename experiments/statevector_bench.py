@@ -12,6 +12,9 @@ after a compile and a first run; amplitudes are complex128 unless --dtype says o
   hyquas  HyQuas's seven benchmark circuits at --hyquas-qubits (bc, bv, hs, qaoa, qft, qv, sp),
           generated here (hyquas_circuits below: bv and qft exactly HyQuas's files, the others by
           their usual definitions; gate counts recorded per circuit).
+  scaling weak scaling (--weak-scaling N): Walsh and the QFT at N + G qubits sharded over 2^G
+          devices (pauliprop.sharding, fuse="auto" within the local qubits) for every power of two
+          up to the device count; efficiency = time on 1 device at N / time on 2^G devices at N + G.
 For each circuit: ours jitted with fuse="auto" (k by the measured cost model) and each --widths k,
 unfused (one pass per gate) up to --unfused-max qubits, with compile time, run time, number of
 passes, and time per pass over the floor; qiskit-aer's AerSimulator(method="statevector") on the
@@ -20,6 +23,8 @@ host's CPU (its own fusion on, every core) up to --aer-max qubits, where amplitu
 
 Examples
   python experiments/statevector_bench.py --sizes 12,16 --hyquas-qubits 14      # CPU smoke run
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 python experiments/statevector_bench.py \
+      --sizes "" --weak-scaling 14                                              # sharded, CPU smoke run
   python experiments/statevector_bench.py --sizes 15,20,24,26,28,30 --hyquas-qubits 28   # a GPU
 """
 
@@ -254,6 +259,33 @@ def bench_circuit(name, qc, args, dtype, floors, rows):
     rows.append(row)
 
 
+def weak_scaling(base, dtype, repeats):
+    """Rows of the weak-scaling part: Walsh and the QFT at base + G qubits over 2^G devices."""
+    from pauliprop.sharding import qubit_mesh, sharded_program
+
+    devices = jax.devices()
+    rows = []
+    for name, make in (("walsh", walsh), ("qft", qft)):
+        single = None
+        for g in range(int(math.log2(len(devices))) + 1):
+            n = base + g
+            c = pp.Circuit.from_qiskit(make(n))
+            program = sharded_program(c, dtype=dtype, fuse="auto", mesh=qubit_mesh(devices[:2**g]))
+            params = jnp.zeros(0)
+            t0 = time.perf_counter()
+            compiled = program.lower(params).compile()
+            compile_s = time.perf_counter() - t0
+            first, run = timed(lambda: compiled(params), repeats)
+            single = run if g == 0 else single
+            row = {"circuit": name, "qubits": n, "devices": 2**g, "compile_s": compile_s, "first_run_s": first,
+                   "run_s": run, "efficiency": single / run}
+            rows.append(row)
+            print(f"  {name:5s} n={n:2d} on {2**g} device(s): run {run * 1e3:9.2f} ms, efficiency "
+                  f"{row['efficiency']:.2f}, compile {compile_s:.1f} s", flush=True)
+            del compiled
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="15,18,20,22,24,26", help="qubit counts of Walsh and QFT")
@@ -269,6 +301,8 @@ def main():
     ap.add_argument("--check-max", type=int, default=24, help="compare amplitudes with aer up to this size")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--weak-scaling", type=int, default=0,
+                    help="N: Walsh and QFT at N + G qubits over 2^G devices (0: skip)")
     ap.add_argument("--note", default="", help="recorded in the result file (e.g. the commit, where .git is stale)")
     args = ap.parse_args()
     args.widths = [int(w) for w in args.widths.split(",") if w]
@@ -278,7 +312,8 @@ def main():
 
     env = benchtools.environment(("qiskit", "qiskit-aer"))
     print(f"# {env['device_kind']} ({env['jax_backend']}), {args.dtype}", flush=True)
-    all_sizes = sorted(set(sizes) | ({args.hyquas_qubits} if hyquas else set()))
+    all_sizes = sorted(set(sizes) | ({args.hyquas_qubits} if hyquas else set())
+                       | ({args.weak_scaling} if args.weak_scaling else set()))
     floors = {}
     for n in all_sizes:
         floors[n] = floor_seconds(n, dtype, args.repeats)
@@ -298,7 +333,9 @@ def main():
         for name in hyquas:
             bench_circuit(f"hyquas_{name}", circuits[name], args, dtype, floors, rows)
 
-    result = {"environment": env, "git": benchtools.git_state(), "dtype": args.dtype,
+    scaling = weak_scaling(args.weak_scaling, dtype, args.repeats) if args.weak_scaling else []
+
+    result = {"environment": env, "git": benchtools.git_state(), "dtype": args.dtype, "weak_scaling": scaling,
               "floor_s": {str(n): t for n, t in floors.items()},
               "floor_GBps": {str(n): 2 * 2**n * jnp.dtype(dtype).itemsize / t / 1e9 for n, t in floors.items()},
               "pass_seconds": {str(k): v for k, v in passes.items()}, "pass_seconds_qubits": largest, "rows": rows}

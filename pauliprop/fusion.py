@@ -330,7 +330,7 @@ def elementwise_width_from(pass_seconds: dict) -> int:
 LOOKAHEADS = (1, 8)  # partition lookaheads the cost model tries at every width
 
 
-def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, Plan]:
+def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype, max_width: int | None = None) -> tuple[int, Plan]:
     """(k, plan) with the least predicted time over fusion widths k and LOOKAHEADS: the sum over its blocks of the
     measured seconds of one pass of that block's width and form (sums of slices up to
     `elementwise_width_from(pass_seconds)`, else a GEMM in place or transposed as the executor's
@@ -342,9 +342,10 @@ def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, 
     if pass_seconds is None:
         n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(jax.default_backend(), 20))
         pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))
-    widths = sorted(w for w in pass_seconds if isinstance(w, int))
+    widths = sorted(w for w in pass_seconds if isinstance(w, int) and (max_width is None or w <= max_width))
     if not widths:
-        raise ValueError("pass_seconds has no dense widths")
+        raise ValueError(f"pass_seconds has no dense widths (at most {max_width})" if max_width else
+                         "pass_seconds has no dense widths")
     elementwise = elementwise_width_from(pass_seconds)
 
     def pass_cost(w, form):  # the nearest measured width at or above w; beyond the widest, 2x per qubit
@@ -371,9 +372,10 @@ def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype) -> tuple[int, 
     return min(plans, key=lambda item: cost(item[1]))
 
 
-def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> Plan:
-    """The plan with the least predicted time (see _cheapest)."""
-    return _cheapest(circuit, pass_seconds, dtype)[1]
+def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128,
+                max_width: int | None = None) -> Plan:
+    """The plan with the least predicted time (see _cheapest), over widths up to max_width."""
+    return _cheapest(circuit, pass_seconds, dtype, max_width)[1]
 
 
 def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:

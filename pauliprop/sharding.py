@@ -32,13 +32,22 @@ def qubit_mesh(devices=None) -> Mesh:
     return Mesh(np.array(devices).reshape((2,) * g), tuple(f"g{i}" for i in range(g)))
 
 
-def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse: int | None = None,
+def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse=None,
                      mesh: Mesh | None = None):
     """circuit|state> as 2^n amplitudes (little-endian) sharded over `mesh` (default: all devices)
-    by their leading G bits. fuse: as in statevector.simulate (None: one step per gate). Equal to the
-    single-device simulate; compiled as one program (jit) per call."""
+    by their leading G bits. fuse: as in statevector.simulate (None: one step per gate; k; "auto";
+    a fusion.Plan). Equal to the single-device simulate; compiled as one program (jit) per call:
+    `sharded_program` gives the compiled function of params, to call repeatedly."""
+    program = sharded_program(circuit, state, dtype, fuse, mesh)
+    if circuit.num_params and params is None:
+        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
+    return program(jnp.zeros(0) if params is None else jnp.asarray(params))
+
+
+def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None, mesh: Mesh | None = None):
+    """simulate_sharded as a jitted function of params, checked and planned once."""
     from . import statevector as sv
-    from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, plan
+    from .fusion import Block, Plan, apply_diagonal, block_matrix, check_plan, choose_plan, diagonal_tables, plan
 
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
@@ -46,11 +55,13 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     if L < 0:
         raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
     sv.check_size(n, dtype, devices=2**G)
-    if circuit.num_params and params is None:
-        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
     if fuse is None:  # every gate a block of its own, swaps included
         steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
                      tuple(range(n)))
+    elif isinstance(fuse, Plan):
+        steps = check_plan(circuit, fuse)
+    elif isinstance(fuse, str) and fuse == "auto":
+        steps = choose_plan(circuit, dtype=dtype, max_width=L)  # blocks must fit the local qubits
     else:
         steps = plan(circuit, fuse)
     widest = max((len(b.qubits) for b in steps.blocks if not b.diagonal), default=0)
@@ -58,7 +69,6 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
         raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
                          f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
     kets = sv.product_kets(state, n)
-    params = jnp.zeros(0) if params is None else jnp.asarray(params)
 
     def local(params):
         # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
@@ -105,7 +115,7 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
         return psi.reshape(-1)
 
     if G == 0:
-        return jax.jit(local)(params)
+        return jax.jit(local)
     # jitted: shard_map outside jit would dispatch op by op
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(mesh.axis_names),
-                                 check_vma=False))(params)
+                                 check_vma=False))

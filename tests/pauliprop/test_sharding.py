@@ -45,6 +45,14 @@ SCRIPT = textwrap.dedent("""
     for nd in (2, 4):
         psi = simulate_sharded(qft, None, "1-0+11", fuse=3, mesh=qubit_mesh(jax.devices()[:nd]))
         out["amplitudes"].append({"devices": nd, "fuse": "qft", "error": float(np.abs(np.asarray(psi) - ref).max())})
+    # a compiled program called twice, with a plan given or chosen by the cost model
+    from pauliprop import fusion
+    from pauliprop.sharding import sharded_program
+    for fuse in (fusion.plan(qft, 3, lookahead=8), "auto"):
+        program = sharded_program(qft, "1-0+11", fuse=fuse, mesh=qubit_mesh(jax.devices()[:2]))
+        for _ in range(2):
+            psi = program(jnp.zeros(0))
+            out["amplitudes"].append({"devices": 2, "fuse": str(fuse)[:20], "error": float(np.abs(np.asarray(psi) - ref).max())})
     h = jnp.asarray(pp.hamiltonians.tfim(6).to_matrix())
     energy = lambda f: (lambda q: jnp.real(jnp.vdot(f(q), h @ f(q))))
     g0 = np.asarray(jax.grad(energy(lambda q: SV.simulate(c, q, state)))(p))
@@ -80,7 +88,7 @@ def result():
 
 
 def test_sharded_amplitudes_equal_the_single_device_ones_fused_or_not(result):
-    assert len(result["amplitudes"]) == 8
+    assert len(result["amplitudes"]) == 12
     for row in result["amplitudes"]:
         assert row["error"] < 1e-13, row
 
