@@ -268,7 +268,9 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
       w                  a GEMM block of width w on mid-state axes (a transpose, then the product);
       ("in_place", w)    a GEMM block on the trailing axes, which needs no transpose (statevector.gemm_in_place);
       ("elementwise", w) sums of slices on mid-state axes, for w up to statevector.MAX_ELEMENTWISE_WIDTH;
-      "diagonal"         an element-wise diagonal."""
+      "diagonal"         an element-wise diagonal;
+      "transpose"        a permutation of the state's axes (the executor's last step, unless the
+                         tracked layout ends where it began)."""
     from .statevector import MAX_ELEMENTWISE_WIDTH, apply_block
 
     rng = np.random.default_rng(0)
@@ -299,6 +301,8 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
             out[("elementwise", w)] = timed(block(mid, w), psi, m)
     t = jnp.asarray(rng.standard_normal((2,) * min(TABLE_WIDTH, num_qubits)), dtype)
     out["diagonal"] = timed(jax.jit(lambda p, t: p * t.reshape(t.shape + (1,) * (num_qubits - t.ndim))), psi, t)
+    rotated = list(range(num_qubits // 3, num_qubits)) + list(range(num_qubits // 3))
+    out["transpose"] = timed(jax.jit(lambda p: jnp.transpose(p, rotated)), psi)
     return out
 
 
@@ -331,12 +335,13 @@ LOOKAHEADS = (1, 8)  # partition lookaheads the cost model tries at every width
 
 
 def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype, max_width: int | None = None) -> tuple[int, Plan]:
-    """(k, plan) with the least predicted time over fusion widths k and LOOKAHEADS: the sum over its blocks of the
-    measured seconds of one pass of that block's width and form (sums of slices up to
-    `elementwise_width_from(pass_seconds)`, else a GEMM in place or transposed as the executor's
-    tracked layout will have it). pass_seconds: as from measure_pass_seconds; None: measured once per
-    process on the default device at min(n, COST_MODEL_QUBITS) qubits (the ratios between widths,
-    not the absolute times, decide)."""
+    """(k, plan) with the least predicted time over fusion widths k (up to max_width) and
+    LOOKAHEADS: the sum over its blocks of the measured seconds of one pass of that block's width
+    and form (sums of slices up to `elementwise_width_from(pass_seconds)`, else a GEMM in place or
+    transposed as the executor's tracked layout will have it), plus a transpose when the layout
+    does not end where it began. pass_seconds: as from measure_pass_seconds; None: measured once
+    per process on the default device at min(n, COST_MODEL_QUBITS) qubits (the ratios between
+    widths, not the absolute times, decide)."""
     from .statevector import block_layout, gemm_in_place
 
     if pass_seconds is None:
@@ -365,6 +370,8 @@ def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype, max_width: int
             form = "elementwise" if len(axes) <= elementwise else "in_place" if gemm_in_place(n, axes) else "mid"
             total += pass_cost(len(axes), form)
             at = [at[a] for a in block_layout(n, axes, elementwise)]
+        if [at.index(p.wire_of[n - 1 - a]) for a in range(n)] != list(range(n)):  # simulate's final transpose
+            total += pass_seconds.get("transpose", 0.0)
         return total
 
     plans = [(k, plan(circuit, k, elementwise_width=elementwise, lookahead=lookahead))

@@ -159,7 +159,7 @@ def test_the_cost_model_picks_the_width_with_the_least_predicted_time():
     assert fusion.choose_width(c, steep) == 2  # the width of the widest gate (cx) wins
     measured = fusion.measure_pass_seconds(10, widths=(1, 3), repeats=2)
     assert set(measured) == {1, 3, ("in_place", 1), ("in_place", 3), ("elementwise", 1), ("elementwise", 3),
-                             "diagonal"} and all(t > 0 for t in measured.values())
+                             "diagonal", "transpose"} and all(t > 0 for t in measured.values())
     # a GEMM on the state's edge axes costs its in-place time: cheap in-place passes favour them
     edge = {w: 1.0 for w in range(1, 6)} | {("in_place", w): 0.01 for w in range(3, 6)} | {"diagonal": 1.0}
     walsh = pp.Circuit(12)
@@ -208,3 +208,15 @@ def test_lookahead_finds_fuller_blocks_on_a_brickwork_and_the_cost_model_tries_i
     assert len(fusion.choose_plan(c, per_pass).blocks) == len(ahead.blocks)
     with pytest.raises(ValueError, match="lookahead must be a positive int, got 0"):
         partition(c, 3, lookahead=0)
+
+
+def test_the_cost_model_counts_the_final_transpose_when_the_layout_does_not_end_where_it_began():
+    walsh = pp.Circuit(12)
+    for q in range(12):
+        walsh.h(q)
+    # width 4 returns every axis to its place after 3 GEMMs in place (12 = 3 x 4); width 5 (two GEMMs and
+    # a 2-qubit block of slices) is cheaper by its passes but does not, and pays the transpose
+    timings = {w: 5.0 for w in (1, 2, 4, 5)} | {("in_place", 4): 1.0, ("in_place", 5): 0.9} | \
+        {("elementwise", 1): 1.0, ("elementwise", 2): 1.0, "diagonal": 1.0}
+    assert fusion.choose_width(walsh, timings | {"transpose": 0.0}) == 5
+    assert fusion.choose_width(walsh, timings | {"transpose": 2.0}) == 4
