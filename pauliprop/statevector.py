@@ -313,6 +313,8 @@ def pauli_expectations(psi, obs: PauliSum):
     of terms (lax.map over the terms' masks, in chunks of about 2^20 amplitudes x terms): with
     P = i^{|x & z|} X^x Z^z,  <P> = Re((-i)^{|x & z|} sum_j conj(psi[j]) psi[j ^ x] (-1)^{|j & z|})."""
     n = obs.num_qubits
+    if np.size(psi) != 2**n:
+        raise ValueError(f"the observable acts on {n} qubits (2^{n} amplitudes) but the state has {np.size(psi)} amplitudes")
     if len(obs) == 0:  # an empty sum (words.unpack_bits cannot reshape a (0, W) array)
         return jnp.zeros(0)
     if n >= 31 and not jax.config.jax_enable_x64:

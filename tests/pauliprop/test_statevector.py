@@ -188,6 +188,8 @@ def test_bad_input_raises_naming_the_cause():
         SV.simulate(pp.Circuit(1).depolarize(0, 0.1))
     with pytest.raises(ValueError, match="uses 1 parameter\\(s\\) but params is None"):
         SV.simulate(pp.Circuit(1).rx(0, pp.Param(0)))
+    with pytest.raises(ValueError, match="the observable acts on 2 qubits \\(2\\^2 amplitudes\\) but the state has 8"):
+        SV.expectation(pp.Circuit(3).h(0), pp.PauliSum.from_labels({"ZZ": 1.0}))
 
 
 def test_gradient_matches_finite_differences():
