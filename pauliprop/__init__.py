@@ -9,7 +9,7 @@ float (float32, or float64 with jax_enable_x64); the exactness claims (agreement
 vector to 1e-10) hold under jax_enable_x64, which the command-line tool and benchmarks turn on.
 """
 
-from . import ansatz, hamiltonians, sharding, statevector
+from . import ansatz, hamiltonians, sharding, statevector, statevector_adjoint
 from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
 from .objective import expectation_fn
@@ -21,5 +21,5 @@ from .truncation import Truncation
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
            "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharding",
-           "statevector"]
+           "statevector", "statevector_adjoint"]
 __version__ = "0.1.0"

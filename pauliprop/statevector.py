@@ -139,39 +139,54 @@ def gate_table(circuit: Circuit, num_qubits: int) -> GateTable:
     return t
 
 
-def run_gates(table: GateTable, params, psi, dtype):
-    """psi (2^n amplitudes, n >= 2) after the table's gates, one lax.scan step per gate: a gather by
-    index bits for each of the 4 source amplitudes of a fixed gate, or one for a Pauli rotation.
-    The trace holds one step whatever the depth, so compilation is flat in the number of gates."""
-    size = psi.shape[0]
-    n = size.bit_length() - 1
-    if n >= 31 and not jax.config.jax_enable_x64:
-        raise ValueError(f"the scanned executor indexes 2^{n} amplitudes: enable jax_enable_x64")
-    itype = jnp.int64 if n >= 31 else jnp.int32
+def index_type(num_qubits: int):
+    """The integer type that indexes 2^n amplitudes (int64 from 31 qubits, which needs x64)."""
+    if num_qubits >= 31 and not jax.config.jax_enable_x64:
+        raise ValueError(f"indexing 2^{num_qubits} amplitudes needs 64-bit integers: enable jax_enable_x64")
+    return jnp.int64 if num_qubits >= 31 else jnp.int32
+
+
+def gate_rows(table: GateTable, params, dtype, itype) -> tuple:
+    """The table as device arrays, one row per gate (scan's xs), with each gate's angle evaluated."""
     real = jnp.finfo(dtype).dtype
     values = jnp.zeros(1, real) if params is None else jnp.concatenate([jnp.asarray(params, real).reshape(-1), jnp.zeros(1, real)])
     angles = jnp.asarray(table.scale, real) * values[table.index] + jnp.asarray(table.offset, real)
-    rows = (jnp.asarray(table.kind), jnp.asarray(table.matrix, dtype), jnp.asarray(table.a, itype),
+    return (jnp.asarray(table.kind), jnp.asarray(table.matrix, dtype), jnp.asarray(table.a, itype),
             jnp.asarray(table.b, itype), jnp.asarray(table.xmask, itype), jnp.asarray(table.zmask, itype),
             jnp.asarray(table.phase, dtype), angles)
-    j = jax.lax.iota(itype, size)
 
-    def fixed(psi, m, a, b, *_):
-        row = ((j >> a) & 1) + 2 * ((j >> b) & 1)
+
+def pauli_times(j, psi, xmask, zmask, phase):
+    """P psi for P = phase X^xmask Z^zmask (j: the amplitudes' indices): (X^x Z^z psi)[j] =
+    (-1)^{|(j ^ x) & z|} psi[j ^ x]."""
+    source = j ^ xmask
+    sign = (1 - 2 * (jax.lax.population_count(source & zmask) & 1)).astype(jnp.real(psi).dtype)
+    return phase * sign * psi[source]
+
+
+def gate_step(j, psi, row, inverse: bool = False):
+    """psi after one row of gate_rows (or after its inverse): a gather of the 4 source amplitudes of a
+    fixed gate by index bits, or cos(a/2) psi - i sin(a/2) P psi for a Pauli rotation."""
+    kind, m, a, b, xmask, zmask, phase, angle = row
+
+    def fixed(psi):
+        matrix = (jnp.conj(m).T if inverse else m).reshape(-1)
+        rows = ((j >> a) & 1) + 2 * ((j >> b) & 1)
         base = j & ~((1 << a) | (1 << b))
-        m = m.reshape(-1)
-        return sum(m[row * 4 + c] * psi[base | ((c & 1) << a) | ((c >> 1) << b)] for c in range(4))
+        return sum(matrix[rows * 4 + c] * psi[base | ((c & 1) << a) | ((c >> 1) << b)] for c in range(4))
 
-    def rotation(psi, m, a, b, xmask, zmask, phase, angle):
-        source = j ^ xmask
-        sign = (1 - 2 * (jax.lax.population_count(source & zmask) & 1)).astype(real)
-        return jnp.cos(angle / 2).astype(dtype) * psi - 1j * jnp.sin(angle / 2).astype(dtype) * phase * sign * psi[source]
+    def rotation(psi):
+        half = (-angle if inverse else angle) / 2
+        return jnp.cos(half).astype(psi.dtype) * psi - 1j * jnp.sin(half).astype(psi.dtype) * pauli_times(j, psi, xmask, zmask, phase)
 
-    def step(psi, row):
-        kind, *rest = row
-        return jax.lax.cond(kind == 0, fixed, rotation, psi, *rest), None
+    return jax.lax.cond(kind == 0, fixed, rotation, psi)
 
-    return jax.lax.scan(step, psi, rows)[0]
+
+def run_gates(table: GateTable, params, psi, dtype):
+    """psi (2^n amplitudes, n >= 2) after the table's gates, one lax.scan step per gate (gate_step).
+    The trace holds one step whatever the depth, so compilation is flat in the number of gates."""
+    j = jax.lax.iota(index_type(psi.shape[0].bit_length() - 1), psi.shape[0])
+    return jax.lax.scan(lambda psi, row: (gate_step(j, psi, row), None), psi, gate_rows(table, params, dtype, j.dtype))[0]
 
 
 def check_size(num_qubits: int, dtype, devices: int = 1) -> None:
@@ -306,37 +321,34 @@ def sample(circuit: Circuit, shots: int, seed: int = 0, params=None, state="0", 
     return (np.asarray(index)[:, None] >> np.arange(n)) & 1 == 1
 
 
+def observable_masks(obs: PauliSum, itype) -> tuple:
+    """(xmask, zmask, phase) per term as device arrays: P_t = phase_t X^xmask_t Z^zmask_t."""
+    n = obs.num_qubits
+    weights = 1 << np.arange(n, dtype=np.int64)
+    xb = unpack_bits(np.asarray(obs.x), n).astype(np.int64)
+    zb = unpack_bits(np.asarray(obs.z), n).astype(np.int64)
+    return (jnp.asarray(xb @ weights, itype), jnp.asarray(zb @ weights, itype),
+            jnp.asarray(1j ** (np.sum(xb & zb, axis=1) % 4)))
+
+
 def pauli_expectations(psi, obs: PauliSum):
     """<psi|P_t|psi> for every term of obs (real), for a state of 2^n amplitudes.
 
     On the device, with nothing of size 2^n built on the host, and one compiled body for any number
-    of terms (lax.map over the terms' masks, in chunks of about 2^20 amplitudes x terms): with
-    P = i^{|x & z|} X^x Z^z,  <P> = Re((-i)^{|x & z|} sum_j conj(psi[j]) psi[j ^ x] (-1)^{|j & z|})."""
+    of terms (lax.map over the terms' masks, in chunks of about 2^20 amplitude-terms)."""
     n = obs.num_qubits
     if np.size(psi) != 2**n:
         raise ValueError(f"the observable acts on {n} qubits (2^{n} amplitudes) but the state has {np.size(psi)} amplitudes")
     if len(obs) == 0:  # an empty sum (words.unpack_bits cannot reshape a (0, W) array)
         return jnp.zeros(0)
-    if n >= 31 and not jax.config.jax_enable_x64:
-        raise ValueError(f"Pauli expectations over 2^{n} amplitudes need 64-bit indices: enable jax_enable_x64")
-    itype = jnp.int64 if n >= 31 else jnp.int32
-    weights = 1 << np.arange(n, dtype=np.int64)
-    xb = unpack_bits(np.asarray(obs.x), n).astype(np.int64)
-    zb = unpack_bits(np.asarray(obs.z), n).astype(np.int64)
-    xmask, zmask = jnp.asarray(xb @ weights, itype), jnp.asarray(zb @ weights, itype)
-    phase = jnp.asarray((-1j) ** (np.sum(xb & zb, axis=1) % 4))
     psi = jnp.reshape(psi, -1)
-    j = jax.lax.iota(itype, psi.shape[0])
+    j = jax.lax.iota(index_type(n), psi.shape[0])
     conj = jnp.conj(psi)
-    real = jnp.real(psi).dtype
 
     def term(masks):
-        x, z = masks
-        sign = (1 - 2 * (jax.lax.population_count(j & z) & 1)).astype(real)
-        return jnp.sum(conj * psi[j ^ x] * sign)
+        return jnp.real(jnp.sum(conj * pauli_times(j, psi, *masks)))
 
-    amps = jax.lax.map(term, (xmask, zmask), batch_size=max(1, min(len(obs), 2**20 // psi.shape[0])))
-    return jnp.real(phase.astype(amps.dtype) * amps)
+    return jax.lax.map(term, observable_masks(obs, j.dtype), batch_size=max(1, min(len(obs), 2**20 // psi.shape[0])))
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0", dtype=jnp.complex128):
