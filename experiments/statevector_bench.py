@@ -229,7 +229,8 @@ def bench_circuit(name, qc, args, dtype, floors, rows):
     for fuse in modes:
         steps = None
         if fuse == "auto":
-            k, steps = fusion.choose_width(c, dtype=dtype), fusion.choose_plan(c, dtype=dtype)
+            steps = fusion.choose_plan(c, dtype=dtype)
+            k = steps.width
         elif fuse is not None:
             k, steps = fuse, fusion.plan(c, fuse)
         else:

@@ -51,6 +51,7 @@ class Plan(NamedTuple):
     blocks: list[Block]
     wire_of: tuple[int, ...]
     elementwise_width: int = 2  # dense blocks up to this width run as sums of slices (statevector.apply_block)
+    width: int | None = None  # the k it was partitioned with (None: not made by `plan`)
 
 
 def is_diagonal(ins: Instruction) -> bool:
@@ -166,7 +167,17 @@ def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int
             or not 0 <= elementwise_width <= MAX_ELEMENTWISE_WIDTH:
         raise ValueError(f"elementwise_width must be an int in 0..{MAX_ELEMENTWISE_WIDTH}, got {elementwise_width!r}")
     moved, wire_of = relabel_swaps(circuit)
-    return Plan(moved, partition(moved, k, diagonal, lookahead), wire_of, elementwise_width)
+    return Plan(moved, partition(moved, k, diagonal, lookahead), wire_of, elementwise_width, k)
+
+
+def resolve_plan(circuit: Circuit, fuse, dtype, max_width: int | None = None) -> Plan:
+    """The plan a `fuse` argument names: a Plan (checked against the circuit), "auto" (choose_plan,
+    widths up to max_width) or a width k (plan)."""
+    if isinstance(fuse, Plan):
+        return check_plan(circuit, fuse)
+    if isinstance(fuse, str) and fuse == "auto":
+        return choose_plan(circuit, dtype=dtype, max_width=max_width)
+    return plan(circuit, fuse)
 
 
 def block_matrix(circuit: Circuit, block: Block, params, dtype):
@@ -334,8 +345,9 @@ def elementwise_width_from(pass_seconds: dict) -> int:
 LOOKAHEADS = (1, 8)  # partition lookaheads the cost model tries at every width
 
 
-def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype, max_width: int | None = None) -> tuple[int, Plan]:
-    """(k, plan) with the least predicted time over fusion widths k (up to max_width) and
+def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128,
+                max_width: int | None = None) -> Plan:
+    """The plan with the least predicted time over fusion widths k (up to max_width) and
     LOOKAHEADS: the sum over its blocks of the measured seconds of one pass of that block's width
     and form (sums of slices up to `elementwise_width_from(pass_seconds)`, else a GEMM in place or
     transposed as the executor's tracked layout will have it), plus a transpose when the layout
@@ -374,17 +386,10 @@ def _cheapest(circuit: Circuit, pass_seconds: dict | None, dtype, max_width: int
             total += pass_seconds.get("transpose", 0.0)
         return total
 
-    plans = [(k, plan(circuit, k, elementwise_width=elementwise, lookahead=lookahead))
-             for k in widths for lookahead in LOOKAHEADS]
-    return min(plans, key=lambda item: cost(item[1]))
-
-
-def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128,
-                max_width: int | None = None) -> Plan:
-    """The plan with the least predicted time (see _cheapest), over widths up to max_width."""
-    return _cheapest(circuit, pass_seconds, dtype, max_width)[1]
+    plans = [plan(circuit, k, elementwise_width=elementwise, lookahead=lookahead) for k in widths for lookahead in LOOKAHEADS]
+    return min(plans, key=cost)
 
 
 def choose_width(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.complex128) -> int:
-    """The fusion width k of the plan with the least predicted time (see _cheapest)."""
-    return _cheapest(circuit, pass_seconds, dtype)[0]
+    """The fusion width k of choose_plan's plan."""
+    return choose_plan(circuit, pass_seconds, dtype).width

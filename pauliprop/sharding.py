@@ -38,16 +38,17 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     by their leading G bits. fuse: as in statevector.simulate (None: one step per gate; k; "auto";
     a fusion.Plan). Equal to the single-device simulate; compiled as one program (jit) per call:
     `sharded_program` gives the compiled function of params, to call repeatedly."""
+    from .statevector import require_params
+
     program = sharded_program(circuit, state, dtype, fuse, mesh)
-    if circuit.num_params and params is None:
-        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
+    require_params(circuit, params)
     return program(jnp.zeros(0) if params is None else jnp.asarray(params))
 
 
 def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None, mesh: Mesh | None = None):
     """simulate_sharded as a jitted function of params, checked and planned once."""
     from . import statevector as sv
-    from .fusion import Block, Plan, apply_diagonal, block_matrix, check_plan, choose_plan, diagonal_tables, plan
+    from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, resolve_plan
 
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
@@ -58,12 +59,8 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
     if fuse is None:  # every gate a block of its own, swaps included
         steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
                      tuple(range(n)))
-    elif isinstance(fuse, Plan):
-        steps = check_plan(circuit, fuse)
-    elif isinstance(fuse, str) and fuse == "auto":
-        steps = choose_plan(circuit, dtype=dtype, max_width=L)  # blocks must fit the local qubits
     else:
-        steps = plan(circuit, fuse)
+        steps = resolve_plan(circuit, fuse, dtype, max_width=L)  # "auto": blocks must fit the local qubits
     widest = max((len(b.qubits) for b in steps.blocks if not b.diagonal), default=0)
     if widest > L:
         raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "

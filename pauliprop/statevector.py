@@ -182,11 +182,28 @@ def gate_step(j, psi, row, inverse: bool = False):
     return jax.lax.cond(kind == 0, fixed, rotation, psi)
 
 
-def run_gates(table: GateTable, params, psi, dtype):
-    """psi (2^n amplitudes, n >= 2) after the table's gates, one lax.scan step per gate (gate_step).
-    The trace holds one step whatever the depth, so compilation is flat in the number of gates."""
-    j = jax.lax.iota(index_type(psi.shape[0].bit_length() - 1), psi.shape[0])
-    return jax.lax.scan(lambda psi, row: (gate_step(j, psi, row), None), psi, gate_rows(table, params, dtype, j.dtype))[0]
+def reference_start(circuit: Circuit, params, state, dtype) -> tuple:
+    """(j, table, rows, psi) for the scanned reference: the amplitudes' indices, the gate table, its
+    rows (gate_rows) and the initial product state. A one-qubit circuit runs on two qubits, the
+    second |0> (the table pairs every qubit with a partner): take the first 2 amplitudes after."""
+    width = max(circuit.num_qubits, 2)
+    psi = product_state(product_kets(state, circuit.num_qubits), range(circuit.num_qubits - 1, -1, -1), dtype).reshape(-1)
+    psi = jnp.concatenate([psi, jnp.zeros(2**width - psi.shape[0], dtype)])
+    table = gate_table(circuit, width)
+    j = jax.lax.iota(index_type(width), 2**width)
+    return j, table, gate_rows(table, params, dtype, j.dtype), psi
+
+
+def run_gates(j, rows, psi):
+    """psi after the rows' gates, one lax.scan step per gate (gate_step). The trace holds one step
+    whatever the depth, so compilation is flat in the number of gates."""
+    return jax.lax.scan(lambda psi, row: (gate_step(j, psi, row), None), psi, rows)[0]
+
+
+def require_params(circuit: Circuit, params) -> None:
+    """Raise, naming the count, when the circuit has parameters and params is None."""
+    if circuit.num_params and params is None:
+        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
 
 
 def check_size(num_qubits: int, dtype, devices: int = 1) -> None:
@@ -284,25 +301,17 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fus
     flow through every mode."""
     n = circuit.num_qubits
     check_size(n, dtype)
-    if circuit.num_params and params is None:
-        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
+    require_params(circuit, params)
     if params is not None:
         params = jnp.asarray(params)
-    kets = product_kets(state, n)
     if fuse is None:
-        if n == 1:  # the scan pairs every qubit with a partner: run on 2 qubits, the second one |0>
-            padded = jnp.concatenate([product_state(kets, [0], dtype), jnp.zeros(2, dtype)])
-            return run_gates(gate_table(circuit, 2), params, padded, dtype)[:2]
-        psi = product_state(kets, range(n - 1, -1, -1), dtype).reshape(-1)
-        return run_gates(gate_table(circuit, n), params, psi, dtype)
-    from .fusion import Plan, check_plan, choose_plan, plan
+        j, _, rows, psi = reference_start(circuit, params, state, dtype)
+        return run_gates(j, rows, psi)[:2**n]
+    from .fusion import resolve_plan
 
-    if isinstance(fuse, Plan):
-        p = check_plan(circuit, fuse)
-    else:  # plan() checks fuse before anything is allocated
-        p = choose_plan(circuit, dtype=dtype) if isinstance(fuse, str) and fuse == "auto" else plan(circuit, fuse)
+    p = resolve_plan(circuit, fuse, dtype)  # checks fuse before anything is allocated
     at = list(range(n - 1, -1, -1))
-    psi, at = run_plan(p, params, product_state(kets, at, dtype), at, dtype)
+    psi, at = run_plan(p, params, product_state(product_kets(state, n), at, dtype), at, dtype)
     # amplitude bit q is wire wire_of[q]: axis a of the result holds bit n-1-a
     return jnp.transpose(psi, [at.index(p.wire_of[n - 1 - a]) for a in range(n)]).reshape(-1)
 

@@ -34,20 +34,13 @@ def value_and_grad(circuit: Circuit, observable: PauliSum, params=None, state="0
     if observable.num_qubits != n:
         raise ValueError(f"observable acts on {observable.num_qubits} qubits but the circuit has {n}")
     sv.check_size(n, dtype)
-    if circuit.num_params and params is None:
-        raise ValueError(f"circuit uses {circuit.num_params} parameter(s) but params is None")
+    sv.require_params(circuit, params)
     real = jnp.finfo(dtype).dtype
     params = jnp.zeros(circuit.num_params, real) if params is None else jnp.asarray(params, real)
     if params.shape != (circuit.num_params,):
         raise ValueError(f"params has shape {params.shape}; the circuit has {circuit.num_params} parameter(s)")
-    width = max(n, 2)  # the gate table pairs every qubit with a partner: one qubit runs as two, the second |0>
-    psi = sv.product_state(sv.product_kets(state, n), range(n - 1, -1, -1), dtype).reshape(-1)
-    psi = jnp.concatenate([psi, jnp.zeros(2**width - psi.shape[0], dtype)])
-    table = sv.gate_table(circuit, width)
-    j = jax.lax.iota(sv.index_type(width), 2**width)
-    rows = sv.gate_rows(table, params, dtype, j.dtype)
-
-    psi = jax.lax.scan(lambda psi, row: (sv.gate_step(j, psi, row), None), psi, rows)[0]
+    j, table, rows, psi = sv.reference_start(circuit, params, state, dtype)
+    psi = sv.run_gates(j, rows, psi)
     coeffs = jnp.asarray(observable.coeffs, real)
     terms = (coeffs,) + sv.observable_masks(observable, j.dtype) if len(observable) else None
 
