@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as _md
+import json
 import os
 import platform
 import socket
@@ -69,6 +70,15 @@ def default_out(name: str, backend: str) -> Path:
     out, i = base.with_suffix(".json"), 1
     while out.exists():
         out, i = Path(f"{base}_{i}.json"), i + 1
+    return out
+
+
+def write_result(result: dict, out: Path | None, name: str, backend: str) -> Path:
+    """Write result as JSON to out (None: default_out(name, backend)), making its folder; say where."""
+    out = Path(out) if out else default_out(name, backend)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
     return out
 
 

@@ -13,7 +13,6 @@ GEMM over the same 2^28 amplitudes. On a CPU it runs in interpret mode, as a cor
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
@@ -122,10 +121,7 @@ def main():
     else:
         for K, BN in [(64, 64), (64, 128), (32, 128), (128, 64)]:
             attempt(f"fused_K{K}_BN{BN}", lambda K=K, BN=BN: fused(K=K, N=2**28 // K, BN=BN))
-    out = args.out or benchtools.default_out("pallas_f64_probe", jax.default_backend())
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"wrote {out}")
+    benchtools.write_result(res, args.out, "pallas_f64_probe", jax.default_backend())
 
 
 if __name__ == "__main__":

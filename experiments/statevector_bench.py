@@ -31,7 +31,6 @@ Examples
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -342,10 +341,7 @@ def main():
               "pass_seconds": {str(k): v for k, v in passes.items()}, "pass_seconds_qubits": largest, "rows": rows}
     if args.note:
         result["note"] = args.note
-    out = args.out or benchtools.default_out("statevector_bench", env["jax_backend"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    benchtools.write_result(result, args.out, "statevector_bench", env["jax_backend"])
 
 
 if __name__ == "__main__":

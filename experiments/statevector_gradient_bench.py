@@ -14,7 +14,6 @@ device is recorded as such. Results go to a JSON file.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -83,10 +82,7 @@ def main():
     result = {"environment": env, "git": benchtools.git_state(), "rows": rows}
     if args.note:
         result["note"] = args.note
-    out = args.out or benchtools.default_out("statevector_gradient_bench", env["jax_backend"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    benchtools.write_result(result, args.out, "statevector_gradient_bench", env["jax_backend"])
 
 
 if __name__ == "__main__":
