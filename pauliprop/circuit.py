@@ -70,6 +70,11 @@ class Instruction:
     def gate(self) -> _gates.GateDef:
         return _gates.GATES[self.name]
 
+    @property
+    def generator(self) -> str | None:
+        """The Pauli generator of a rotation, character j on qubits[j] (a pauli_rotation's own string)."""
+        return self.pauli if self.name == "pauli_rotation" else self.gate.generator
+
 
 def _check_angle(gate: str, a) -> Angle:
     if isinstance(a, Param):

@@ -62,8 +62,7 @@ def is_diagonal(ins: Instruction) -> bool:
     if g.unitary is not None:
         u = np.asarray(g.unitary)
         return bool(np.allclose(u, np.diag(np.diagonal(u))))
-    generator = ins.pauli if g.name == "pauli_rotation" else g.generator
-    return set(generator) <= {"I", "Z"}
+    return set(ins.generator) <= {"I", "Z"}
 
 
 def partition(circuit: Circuit, k: int, diagonal: bool = True, lookahead: int = 1) -> list[Block]:

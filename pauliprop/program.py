@@ -97,8 +97,7 @@ def lower(circuit: Circuit) -> Program:
                 continue
             row["table"], row["sign"] = clifford_table(g)
         elif g.kind == "rotation":
-            generator = ins.pauli if g.name == "pauli_rotation" else g.generator
-            word = {q: ch for q, ch in zip(ins.qubits, generator) if ch != "I"}
+            word = {q: ch for q, ch in zip(ins.qubits, ins.generator) if ch != "I"}
             angle = g.fixed_angle if g.fixed_angle is not None else ins.args[0]
             if not word:
                 continue  # exp(-i a/2 I) is a global phase

@@ -36,14 +36,20 @@ def is_fixed(ins) -> bool:
     return not any(isinstance(a, Param) for a in ins.args)
 
 
-def _gate_matrix(ins, params, dtype):
-    """The gate's unitary: a host (numpy, complex128) array when it is fixed, else traced in `dtype`."""
+def _unitary_gate(ins):
+    """The instruction's gate, which must be a unitary (the state-vector backend has no channels)."""
     g = ins.gate
     if g.kind == "channel":
         raise ValueError(f"gate '{g.name}' is a noise channel: the state-vector backend simulates unitaries only")
+    return g
+
+
+def _gate_matrix(ins, params, dtype):
+    """The gate's unitary: a host (numpy, complex128) array when it is fixed, else traced in `dtype`."""
+    g = _unitary_gate(ins)
     if g.unitary is not None:
         return np.asarray(g.unitary, complex)
-    generator = ins.pauli if g.name == "pauli_rotation" else g.generator
+    generator = ins.generator
     if is_fixed(ins):
         return _g.rotation_matrix(generator, float(ins.args[0]))
     a = _angle(ins.args[0], params)
@@ -113,9 +119,7 @@ def gate_table(circuit: Circuit, num_qubits: int) -> GateTable:
                   np.zeros(count, np.int64), np.ones(count, complex), np.zeros(count, np.int32),
                   np.zeros(count), np.zeros(count))
     for g, i in enumerate(ins):
-        gd = i.gate
-        if gd.kind == "channel":
-            raise ValueError(f"gate '{gd.name}' is a noise channel: the state-vector backend simulates unitaries only")
+        gd = _unitary_gate(i)
         if gd.unitary is not None:
             u = np.asarray(gd.unitary, complex)
             if len(i.qubits) == 1:
@@ -126,7 +130,7 @@ def gate_table(circuit: Circuit, num_qubits: int) -> GateTable:
             t.matrix[g] = u
             continue
         t.kind[g] = 1
-        generator = i.pauli if gd.name == "pauli_rotation" else gd.generator
+        generator = i.generator
         for ch, q in zip(generator, i.qubits):
             t.xmask[g] |= (ch in "XY") << q
             t.zmask[g] |= (ch in "ZY") << q
