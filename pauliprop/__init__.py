@@ -4,12 +4,17 @@ Estimates <psi|H|psi>, psi = U|state>, by propagating H backward through U as pa
 with coefficients (Clifford conjugation, rotation splitting, duplicate merging, truncation), then
 taking the overlap with the initial state. See README.md and DESIGN.md.
 
-Precision: importing pauliprop does not change JAX's settings. Coefficients follow JAX's default
-float (float32, or float64 with jax_enable_x64); the exactness claims (agreement with the state
-vector to 1e-10) hold under jax_enable_x64, which the command-line tool and benchmarks turn on.
+Precision: coefficients follow JAX's default float (float32, or float64 with jax_enable_x64); the
+exactness claims (agreement with the state vector to 1e-10) hold under jax_enable_x64, which the
+command-line tool and benchmarks turn on. The one JAX setting importing pauliprop changes is the
+persistent compilation cache (pauliprop/compilation.py; PAULIPROP_NO_CACHE=1 turns that off).
 """
 
-from . import ansatz, hamiltonians, sharding, statevector, statevector_adjoint
+from . import compilation
+
+compilation.enable()  # JAX's persistent compilation cache (pauliprop/compilation.py)
+
+from . import ansatz, hamiltonians, sharding, statevector, statevector_adjoint  # noqa: E402
 from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
 from .objective import expectation_fn

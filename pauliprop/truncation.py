@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .batching import shared
@@ -30,14 +32,22 @@ class Truncation:
                    (and in the observable itself).
     max_sins:      drop paths that took more than this many sine branches (Clifford
                    quarter turns do not count).
+    per:           "gate" (default): the rules apply after every gate, as PauliPropagation.jl and
+                   cuPauliProp apply them. "layer": after every step of the schedule instead, a
+                   run of Clifford gates or a layer of commuting rotations on disjoint qubits
+                   (pauliprop.schedule), so the result does not depend on how commuting gates are
+                   ordered; nothing is dropped inside a step. Untruncated, both are exact.
     """
 
     max_weight: int | None = None
     min_abs_coeff: float | None = None
     max_terms: int | None = None
     max_sins: int | None = None
+    per: str = "gate"
 
     def __post_init__(self):
+        if self.per not in ("gate", "layer"):
+            raise ValueError(f"Truncation.per must be 'gate' or 'layer', got {self.per!r}")
         for name in ("max_weight", "max_terms", "max_sins"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "max_terms" else 0)):
@@ -51,12 +61,42 @@ class Truncation:
     def is_exact(self) -> bool:
         return all(getattr(self, f) is None for f in ("max_weight", "min_abs_coeff", "max_terms", "max_sins"))
 
+    @property
+    def rules(self) -> tuple[bool, bool, bool, bool]:
+        """Which rules are on (max_weight, min_abs_coeff, max_terms, max_sins): what the compiled
+        program holds code for. Their values are data (`limits`), so one program serves them all."""
+        return tuple(getattr(self, f) is not None for f in ("max_weight", "min_abs_coeff", "max_terms", "max_sins"))
+
+    def limits(self, dtype) -> "Limits":
+        """The rules' values as arrays (None for rules that are off)."""
+        f = lambda v, t: None if v is None else np.asarray(v, t)
+        return Limits(f(self.max_weight, np.int32), f(self.min_abs_coeff, dtype), f(self.max_terms, np.int32),
+                      f(self.max_sins, np.int32))
+
 
 NO_TRUNCATION = Truncation()
 
+OFF = 1 << 30  # a weight, term or sine limit that never binds
 
-def violations(trunc: Truncation, coeffs, weights, sins):
-    """Masks (weight, coeff, sins) of the terms each rule drops (a term is charged to its first rule)."""
+
+class Limits(NamedTuple):
+    """The truncation inside the engine: each rule's value as data, None where the rule is off."""
+
+    max_weight: jax.Array | None = None
+    min_abs_coeff: jax.Array | None = None
+    max_terms: jax.Array | None = None
+    max_sins: jax.Array | None = None
+
+    def off_unless(self, on) -> "Limits":
+        """These limits where `on`, else limits that drop nothing (the rules of a deferred step)."""
+        pick = lambda v, off: None if v is None else jnp.where(on, v, jnp.asarray(off, jnp.asarray(v).dtype))
+        return Limits(pick(self.max_weight, OFF), pick(self.min_abs_coeff, 0), pick(self.max_terms, OFF),
+                      pick(self.max_sins, OFF))
+
+
+def violations(trunc, coeffs, weights, sins):
+    """Masks (weight, coeff, sins) of the terms each rule drops (a term is charged to its first rule).
+    `trunc`: a Truncation or Limits (fields None where a rule is off)."""
     false = jnp.zeros(coeffs.shape, bool)
     w = weights > trunc.max_weight if trunc.max_weight is not None else false
     c = (jnp.abs(coeffs) < trunc.min_abs_coeff) & ~w if trunc.min_abs_coeff is not None else false

@@ -9,7 +9,8 @@
   memory" and aborts in whatever compiles next (three CI runs, 2026-11-22/23: in a persistent-cache
   write, a cache read and a sampler compile).
 * No persistent compilation cache: a cache keeps executables alive too, and only an explicit
-  JAX_COMPILATION_CACHE_DIR from the environment turns it on.
+  JAX_COMPILATION_CACHE_DIR from the environment turns it on (PAULIPROP_NO_CACHE=1 keeps pauliprop
+  from turning on its default one; tests/pauliprop/test_compilation.py runs it in subprocesses).
 * Hypothesis: no deadline (the first example of a property pays for the JAX compile).
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+os.environ.setdefault("PAULIPROP_NO_CACHE", "1")  # before pauliprop is imported
 
 import jax
 import pytest

@@ -2,14 +2,20 @@
 
 * full_merge sums the coefficients of equal words (smallest sine count), drops exact zeros, compacts the
   survivors to the front, and accounts for anything that does not fit.
-* pair_split (every rotation: it merges only inside the splitting set) gives the same terms, sine
-  counts and dropped norms as splitting every word and running full_merge, on buffers with dead slots.
+* pair_split then cap_terms (every rotation: it merges only inside the splitting set, then cuts to
+  max_terms) gives the same terms, sine counts and dropped norms as splitting every word and running
+  full_merge, on buffers with dead slots.
 * Neither depends on hash luck: with a deliberately weak fingerprint every result stays exact.
+
+The merges work on packed slots (words, coeffs, meta = live | sines << 1); the adapters below unpack
+them into (x, z, coeffs, sins, live) for the comparisons. Sine counts are tracked exactly where the
+max_sins rule exists (elsewhere a merged word keeps the count of one of its paths).
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +28,32 @@ import pauliprop as pp
 from pauliprop import merge as M
 from pauliprop import words as W
 
-NO_TRUNCATION = pp.Truncation()
 SLOTS = 64  # candidate slots in the unit tests (one compile per shape)
 
 
+NO_TRUNCATION = pp.Truncation(max_sins=1 << 20)  # no sine count is dropped, but every count is exact
+
+
+def _unpacked(out):
+    words, coeffs, meta, dropped = out[:4]
+    x, z = M.halves(words)
+    return x, z, coeffs, M.sins_of(meta), M.live_of(meta), dropped
+
+
 def _jitted():
-    """Fresh jits (a fresh trace picks up a monkeypatched fingerprint)."""
-    full = jax.jit(M.full_merge, static_argnames=("truncation", "capacity"))
-    pair = jax.jit(M.pair_split, static_argnames=("truncation", "capacity", "room"))
+    """Fresh jits (a fresh trace picks up a monkeypatched fingerprint), on unpacked slots."""
+
+    @partial(jax.jit, static_argnames=("truncation", "capacity"))
+    def full(x, z, c, s, live, truncation, capacity):
+        return _unpacked(M.full_merge(jnp.concatenate([x, z], -1), c, M.pack_meta(live, s), truncation, capacity))
+
+    @partial(jax.jit, static_argnames=("truncation", "capacity", "room"))
+    def pair(x, z, c, s, live, ac, gx, gz, cos, sin, truncation, capacity, room):
+        words, c, meta, dropped = M.pair_split(jnp.concatenate([x, z], -1), c, M.pack_meta(live, s), ac,
+                                               jnp.concatenate([gx, gz]), cos, sin, truncation, capacity, room)
+        # the engine's rotation: the split, then the largest-terms cut over the whole buffer
+        return _unpacked((words, *M.cap_terms(words, c, meta, dropped, truncation, capacity)))
+
     return full, pair
 
 
@@ -157,8 +181,9 @@ def test_pair_split_equals_split_and_full_merge(cands, generator, angle, drop_so
 
 @settings(max_examples=30)
 @given(candidates(num_qubits=5, pool=24), generators, st.floats(0.2, 1.3), st.sampled_from([
-    pp.Truncation(max_terms=10), pp.Truncation(min_abs_coeff=0.3), pp.Truncation(max_weight=2),
-    pp.Truncation(max_sins=3), pp.Truncation(max_terms=14, min_abs_coeff=0.05, max_weight=3)]))
+    pp.Truncation(max_terms=10, max_sins=99), pp.Truncation(min_abs_coeff=0.3, max_sins=99),
+    pp.Truncation(max_weight=2, max_sins=99), pp.Truncation(max_sins=3),
+    pp.Truncation(max_terms=14, min_abs_coeff=0.05, max_weight=3, max_sins=99)]))
 def test_pair_split_truncates_like_the_full_merge(cands, generator, angle, truncation):
     """Each rule drops the same terms with the same dropped 1-norm (magnitudes made tie-free)."""
     x, z, c, s, live, n = cands
@@ -183,24 +208,23 @@ def test_pair_split_in_a_small_room():
 
 
 def test_pair_split_charges_words_without_a_free_slot_to_overflow():
-    """A small room compiles no cut (the engine starts every rotation with at most max_terms words, so
-    its spawned words fit). Handed a fuller buffer, what does not fit is charged to overflow: kept
-    1-norm plus dropped 1-norm equals the exact split's 1-norm."""
+    """Handed a full buffer, the spawned words that do not fit are cut with the buffer, to max_terms:
+    kept 1-norm plus dropped 1-norm equals the exact split's 1-norm."""
     n = 13
     words = [{a: "Z", b: "XYZ"[(a + b) % 3]} for a in range(2, n) for b in range(1, a)][:SLOTS - 4]
     words += [{0: "Z", q: "X"} for q in range(1, 5)]  # the 4 words that anticommute with X0, unpaired
     x, z = W.pack(words, n)
     buf = (x, z, np.linspace(1.0, 2.0, SLOTS), np.zeros(SLOTS, np.int32), np.ones(SLOTS, bool))
     room = 8
-    trunc = pp.Truncation(max_terms=SLOTS - room)  # room <= capacity - max_terms: no cut compiled
+    trunc = pp.Truncation(max_terms=SLOTS - room, max_sins=99)
     got, ref = _rotate(buf, {0: "X"}, 0.9, n, room, trunc)
     exact = sum(abs(v[0]) for v in _terms(_split_then_full(*buf, *(a[0] for a in W.pack([{0: "X"}], n)),
                                                            np.cos(0.9), np.sin(0.9), 2 * SLOTS), n).values())
     kept = sum(abs(v[0]) for v in _terms(got, n, compacted=False).values())
     dropped = np.asarray(got[-1])
-    assert dropped[4] > 0  # spawned words without a free slot
+    assert dropped[3] > 0  # the joint cut of the buffer and the spawned words
     assert abs(kept + dropped[3] + dropped[4] - exact) < 1e-9
-    assert int(np.asarray(got[4]).sum()) == SLOTS - room  # then the max_terms cut
+    assert int(np.asarray(got[4]).sum()) == SLOTS - room
 
 
 def _weak_fingerprint(x, z):
@@ -234,21 +258,29 @@ def test_pair_split_is_exact_under_fingerprint_collisions(cands, generator, angl
 
 
 def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch):
-    """End to end: a circuit propagated with the weak fingerprint equals the state vector."""
+    """End to end: a circuit propagated with the weak fingerprint equals the state vector. (Words of up
+    to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.)"""
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
-    n = 3
-    c = pp.Circuit(n)
-    for k in range(4):
-        c.rx(k % n, 0.3 + k).cx(k % n, (k + 1) % n).rzz(0, 2, pp.Param(0)).ry((k + 2) % n, 0.7 * k + 0.1)
-    h = pp.PauliSum.from_labels({"ZZZ": 1.0, "XIY": -0.5, "IZX": 0.25})
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+    PR._forward_jit.cache_clear()  # a fresh trace sees the weak fingerprint
+    sites = [0, 9, 19]
 
-    statics = ("truncation", "capacity", "kinds_present", "checkpointed")
-    fresh = jax.jit(PR.propagate_buffers, static_argnames=statics)
-    monkeypatch.setattr(PR, "_jit_for", lambda backend, nested: fresh)  # a fresh trace sees the weak fingerprint
+    def circuit(n, at):
+        c = pp.Circuit(n)
+        for k in range(4):
+            c.rx(at[k % 3], 0.3 + k).cx(at[k % 3], at[(k + 1) % 3]).rzz(at[0], at[2], pp.Param(0))
+            c.ry(at[(k + 2) % 3], 0.7 * k + 0.1)
+        return c
+
+    terms = [("ZZZ", 1.0), ("XIY", -0.5), ("IZX", 0.25)]
+    small = pp.PauliSum.from_labels(dict(terms))
+    big = pp.PauliSum.from_list([(lab, sites, c) for lab, c in terms], 20)
     p = np.array([0.4])
-    val = float(pp.expectation(c, h, p, capacity=64))
-    assert abs(val - float(pp.expectation(c, h, p, method="statevector"))) < 1e-10
+    try:
+        val = float(pp.expectation(circuit(20, sites), big, p, capacity=256))
+    finally:
+        PR._forward_jit.cache_clear()
+    assert abs(val - float(pp.expectation(circuit(3, [0, 1, 2]), small, p, method="statevector"))) < 1e-10
 
 
 @pytest.mark.skipif(not M.x64(), reason="uint64 keys need jax_enable_x64")

@@ -1,0 +1,434 @@
+"""The propagation loop: the schedule's units applied to a fixed-capacity term buffer.
+
+`run` is one `lax.while_loop` over the units of `schedule.units` (MERGE, CLIFFORD, SPLIT, LAYER,
+CHANNEL, TRUNCATE), each a branch of one `lax.switch`. Everything that describes the circuit, the
+observable, the parameters, the truncation values and the initial state is data; what is static
+(`Config`) is the capacity, which rules exist, the truncation semantics and the backend's variant.
+So one compiled program serves every circuit whose tables fall in the same buckets, and the
+program's size does not grow with the circuit.
+
+With `Config.stop`, a unit whose result would not fit the capacity is not applied: the loop stops
+there and returns the unit's index, and the caller grows the buffer and resumes from that unit
+(propagate.py). Without it (inside a caller's trace, where shapes cannot grow) the unit keeps the
+largest terms and charges the rest to the overflow entry of the dropped norms.
+
+`value_and_grad` is reverse mode: the forward loop keeps the buffer at the start of every segment
+of units; each segment is replayed, keeping its units' inputs, and swept backward, each unit by
+JAX's VJP of its own function with its truncation decisions frozen (Clifford runs and channels are
+diagonal maps of the coefficients and are transposed directly). Memory: (segments + segment
+length) buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import clifford as _c
+from . import merge as _m
+from . import schedule as _s
+from . import truncation as _t
+from . import words as _w
+from .batching import shared
+from .prefix import first_set
+
+
+class Buffer(NamedTuple):
+    words: jax.Array  # (C, 2W) uint32: x lanes, then z lanes
+    coeffs: jax.Array  # (C,)
+    meta: jax.Array  # (C,) int32: bit 0 live (the live words are distinct, dead slots are free), the rest sines
+    dropped: jax.Array  # (5,) 1-norm dropped per truncation rule (truncation.RULES)
+
+    @property
+    def live(self):
+        return _m.live_of(self.meta)
+
+    @property
+    def x(self):
+        return _m.halves(self.words)[0]
+
+    @property
+    def z(self):
+        return _m.halves(self.words)[1]
+
+
+class Config(NamedTuple):
+    """The static part of a propagation: what the compiled program depends on."""
+
+    capacity: int
+    rules: tuple  # Truncation.rules: which rules exist (their values are data)
+    per: str  # "gate" or "layer"
+    stop: bool  # stop at an overflow (resumable) instead of cutting
+    sweep: bool  # Clifford gates swept over all words, SWEEP at a time (GPUs), else gathered in rooms (CPUs)
+    rooms: tuple  # the SPLIT unit's room sizes, ascending, the last = capacity
+    exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
+    units: tuple = tuple(range(7))  # the unit kinds the program holds code for (others: no-ops)
+    clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
+    unroll: int = 4  # generator bits a dense map's loop visits per iteration
+    static_loops: int = 0  # > 0: every loop has a static trip count (this bound on a unit's elements), so
+    #                        JAX's own reverse mode can differentiate the loop (pp.propagate under jax.grad)
+
+
+def _elements(start, count, cfg: Config, body, init):
+    """body(j, valid, carry) over elements start .. start + count - 1: a loop of `count` steps, or
+    with cfg.static_loops one of static_loops steps whose extra steps have valid = False."""
+    if cfg.static_loops:
+        return lax.fori_loop(0, cfg.static_loops, lambda i, c: body(start + i, i < count, c), init)
+    return lax.fori_loop(start, start + count, lambda j, c: body(j, jnp.asarray(True), c), init)
+
+
+def features(units: "_s.Units", sched: "_s.Schedule") -> dict:
+    """The Config fields that say which code a program needs for these units (the rest compiles to no-ops)."""
+    present = tuple(sorted(set(int(k) for k in units.kind) | {_s.U_NOOP}))
+    cl = (bool(np.any(sched.dense & (sched.kind == _s.CLIFFORD))), bool(np.any(sched.cl_kind == _s.TABLE)),
+          bool(np.any(sched.cl_kind == _s.GENERATOR)))
+    return dict(exact=_m.exact_words(sched.num_qubits), units=present, clifford=cl)
+
+
+SWEEP = 8  # Clifford gates a sweep applies per iteration (one fused launch on a GPU)
+
+
+def rooms_for(capacity: int, backend: str) -> tuple:
+    """Room sizes of the SPLIT unit: a rotation gathers its splitting words into the smallest room
+    that holds them (its sort costs what the room holds). Each room is a copy of the split in the
+    compiled program, so few: CPUs sort slowly and gain from small rooms, GPUs do not."""
+    fractions = ((1, 64), (1, 8), (1, 2)) if backend == "cpu" else ((1, 16),)
+    rooms = tuple(r for r in (capacity * a // b for a, b in fractions) if r >= 256)
+    return rooms + (capacity,)
+
+
+def limits_of(rules, values) -> _t.Limits:
+    """Limits from the rules that exist and their values (arrays), None for the others."""
+    return _t.Limits(*(v if on else None for on, v in zip(rules, values)))
+
+
+def _angle(T, j, params):
+    idx = T["rot_index"][j]
+    p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros((), params.dtype)
+    return jnp.where(idx >= 0, T["rot_scale"][j].astype(params.dtype) * p, 0) + T["rot_offset"][j].astype(params.dtype)
+
+
+def _heavy_out(buf: Buffer, mask, limits: _t.Limits) -> Buffer:
+    """Drop the words of `mask` heavier than max_weight (their norm charged to the weight rule)."""
+    if limits.max_weight is None:
+        return buf
+    heavy = mask & buf.live & (_m.weight(buf.words) > limits.max_weight)
+    return buf._replace(meta=jnp.where(heavy, 0, buf.meta), coeffs=jnp.where(heavy, 0, buf.coeffs),
+                        dropped=buf.dropped.at[0].add(jnp.sum(jnp.where(heavy, jnp.abs(buf.coeffs), 0))))
+
+
+def _drop_rules(buf: Buffer, limits: _t.Limits) -> Buffer:
+    """The per-term rules on every live word (a dropped slot becomes free)."""
+    live = buf.live
+    keep, charge = _m.rule_charges(limits, buf.coeffs, _m.weight(buf.words), _m.sins_of(buf.meta), live)
+    return buf._replace(coeffs=jnp.where(keep, buf.coeffs, 0), meta=jnp.where(keep, buf.meta, 0),
+                        dropped=buf.dropped.at[:3].add(charge))
+
+
+def _cap(buf: Buffer, limits: _t.Limits, capacity: int) -> Buffer:
+    coeffs, meta, dropped = _m.cap_terms(buf.words, buf.coeffs, buf.meta, buf.dropped, limits, capacity)
+    return buf._replace(coeffs=coeffs, meta=meta, dropped=dropped)
+
+
+# ---- the units ----------------------------------------------------------------------------------------
+
+def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """The full merge (of the observable; of amplitude damping's words): Z -> (1-g) Z + g I on a qubit,
+    X, Y -> sqrt(1-g) X, Y, then duplicates summed, the rules applied, the survivors compacted.
+    Returns (buffer, slots needed when it overflowed, else 0)."""
+    j = T["u_start"][u]
+    q = T["mg_qubit"][j]
+    damp = T["mg_op"][j] >= 0
+    gamma = T["mg_gamma"][j].astype(buf.coeffs.dtype)
+    xa, za = _w.get_site(buf.x, q), _w.get_site(buf.z, q)
+    is_z = buf.live & damp & (xa == 0) & (za == 1)
+    factor = jnp.where(damp, jnp.where(is_z, 1 - gamma, jnp.where(xa == 1, jnp.sqrt(1 - gamma), 1.0)), 1.0)
+    w = buf.x.shape[-1]
+    damped = jnp.concatenate([buf.x, _w.set_site(buf.z, q, jnp.zeros_like(za))], axis=-1)
+    cat = lambda a, b: jnp.concatenate([a, b])
+    out = _m.full_merge(cat(buf.words, damped), cat(buf.coeffs * factor, jnp.where(is_z, gamma * buf.coeffs, 0)),
+                        cat(buf.meta, jnp.where(is_z, buf.meta, 0)), limits, cfg.capacity, stop=cfg.stop,
+                        exact=cfg.exact)
+    new = Buffer(*out[:3], buf.dropped + out[3])
+    if not cfg.stop:
+        return new, jnp.int32(0)
+    need = out[4]
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(need > 0, a, b), buf, new), need
+
+
+def _element_touched(T, j, words, kinds=(True, True, True)):
+    """The words Clifford element j moves: non-identity on its qubits (a table), anticommuting (a turn)."""
+    x, z = _m.halves(words)
+    a, b = T["cl_qubits"][j, 0], T["cl_qubits"][j, 1]
+    on_table = (_w.get_site(x, a) | _w.get_site(z, a) | _w.get_site(x, b) | _w.get_site(z, b)) != 0
+    if not kinds[2]:
+        return on_table
+    ac = _w.anticommutes(x, z, T["cl_gx"][j], T["cl_gz"][j])
+    if not kinds[1]:
+        return ac
+    return jnp.where(T["cl_kind"][j] == _s.TABLE, on_table, ac)
+
+
+def _element_image(T, j, words, kinds=(True, True, True)):
+    """The image of words under Clifford element j: (words, sign, touched). kinds: which element forms
+    (gate tables, quarter turns of generators) the program holds code for."""
+    x, z = _m.halves(words)
+    out = []
+    if kinds[1]:
+        a, b = T["cl_qubits"][j, 0], T["cl_qubits"][j, 1]
+        code = (_w.get_site(x, a) | _w.get_site(z, a) << 1 | _w.get_site(x, b) << 2
+                | _w.get_site(z, b) << 3).astype(jnp.int32)
+        img = T["cl_table"][j][code].astype(jnp.uint32)
+        one = jnp.uint32(1)
+        tx = _w.set_site(_w.set_site(x, a, img & one), b, (img >> 2) & one)
+        tz = _w.set_site(_w.set_site(z, a, (img >> 1) & one), b, (img >> 3) & one)
+        out.append((jnp.concatenate([tx, tz], -1), T["cl_sign"][j][code].astype(jnp.int32), code != 0))
+    if kinds[2]:  # a quarter turn of a generator on three or more qubits
+        gx, gz = T["cl_gx"][j], T["cl_gz"][j]
+        k = T["cl_turns"][j] % 4
+        ac = _w.anticommutes(x, z, gx, gz)
+        odd = (k % 2) == 1
+        ps = _w.product_sign(x, z, gx, gz).astype(jnp.int32)
+        g_sign = jnp.where(ac, jnp.where(odd, jnp.where(k == 1, 1, -1) * ps, -1), 1)
+        flip = ac & odd
+        g = jnp.concatenate([gx, gz])
+        out.append((jnp.where(flip[:, None], words ^ g, words), g_sign, ac))
+    if len(out) == 1:
+        return out[0]
+    table = T["cl_kind"][j] == _s.TABLE
+    return tuple(jnp.where(table[..., None] if t.ndim == 2 else table, t, g) for t, g in zip(*out))
+
+
+def _remap(buf: Buffer, touched, image, limits: _t.Limits, capacity: int) -> Buffer:
+    """Apply a word map (a Clifford: it permutes signed words) to the `touched` live words.
+
+    None touched: nothing to do (common outside the light cone). A few (up to C/16): gathered into
+    the smallest room that holds them, so the cost follows their count. More: one pass over the
+    buffer. Only the weight rule can drop a moved word."""
+    count = jnp.sum(touched)
+
+    def gathered(b, room):
+        src = first_set(touched, room)
+        at = jnp.where(src < capacity, src, capacity)
+        s = jnp.minimum(src, capacity - 1)
+        words, sign = image(b.words[s])
+        b = b._replace(words=b.words.at[at].set(words, mode="drop"),
+                       coeffs=b.coeffs.at[at].set(b.coeffs[s] * sign.astype(b.coeffs.dtype), mode="drop"))
+        return _heavy_out(b, jnp.zeros(capacity, bool).at[at].set(True, mode="drop"), limits)
+
+    def everywhere(b):
+        words, sign = image(b.words)
+        b = b._replace(words=jnp.where(touched[:, None], words, b.words),
+                       coeffs=jnp.where(touched, b.coeffs * sign.astype(b.coeffs.dtype), b.coeffs))
+        return _heavy_out(b, touched, limits)
+
+    rooms = tuple(r for r in (capacity // 64, capacity // 16) if r >= 256)
+    pick = shared(jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms, jnp.int32))))
+    return lax.switch(pick, [lambda b: b] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
+
+
+def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """A run of Clifford operations: one dense map, or gate by gate (rooms on CPUs, sweeps on GPUs).
+    Per gate, the weight rule drops a word after the gate that made it too heavy; per layer (and for
+    a dense map) after the run."""
+    weight_each = cfg.per == "gate"
+    end_limits = limits if not weight_each else _t.Limits()
+    gate_limits = _t.Limits(max_weight=limits.max_weight) if weight_each else _t.Limits()
+
+    def dense(b):
+        m = T["u_start"][u]
+        x, z, sign = _c.apply_map(b.x, b.z, T["map_x"][m], T["map_z"][m], T["map_phase"][m], cfg.unroll)
+        b = b._replace(words=jnp.concatenate([x, z], -1), coeffs=b.coeffs * sign.astype(b.coeffs.dtype))
+        return _heavy_out(b, b.live, limits)
+
+    def by_gates(b):
+        start, count = T["u_start"][u], T["u_count"][u]
+        if cfg.sweep:
+            chunks = (count + SWEEP - 1) // SWEEP
+
+            def chunk(i, ok, b):
+                for t in range(SWEEP):
+                    j = start + i * SWEEP + t
+                    valid = ok & (j < start + count)
+                    words, sign, touched = _element_image(T, jnp.minimum(j, T["cl_kind"].shape[0] - 1), b.words,
+                                                          cfg.clifford)
+                    touched = touched & b.live & valid
+                    b = b._replace(words=jnp.where(touched[:, None], words, b.words),
+                                   coeffs=jnp.where(touched, b.coeffs * sign.astype(b.coeffs.dtype), b.coeffs))
+                    b = _heavy_out(b, touched, gate_limits)
+                return b
+
+            static = cfg._replace(static_loops=(cfg.static_loops + SWEEP - 1) // SWEEP) if cfg.static_loops else cfg
+            b = _elements(0, chunks, static, chunk, b)
+        else:
+            def gate(j, valid, b):
+                j = jnp.minimum(j, T["cl_kind"].shape[0] - 1)
+                image = lambda words: _element_image(T, j, words, cfg.clifford)[:2]
+                touched = b.live & _element_touched(T, j, b.words, cfg.clifford) & valid
+                return _remap(b, touched, image, gate_limits, cfg.capacity)
+
+            b = _elements(start, count, cfg, gate, b)
+        return _heavy_out(b, b.live, end_limits)
+
+    has_dense, has_gates = cfg.clifford[0], cfg.clifford[1] or cfg.clifford[2]
+    if has_dense and has_gates:
+        return lax.cond(T["u_dense"][u], dense, by_gates, buf), jnp.int32(0)
+    return (dense if has_dense else by_gates)(buf), jnp.int32(0)
+
+
+def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """One rotation exp(-i a/2 G): its splitting words gathered into the smallest room that holds
+    them, paired and mixed (merge.pair_split), then the largest-terms cut."""
+    j = T["u_start"][u]
+    limits = limits.off_unless(~T["u_defer"][u])
+    angle = _angle(T, j, params).astype(buf.coeffs.dtype)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    g = jnp.concatenate([T["rot_gx"][j], T["rot_gz"][j]])
+    gx, gz = T["rot_gx"][j], T["rot_gz"][j]
+    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+    splitting = jnp.sum(ac)
+
+    def split(b, room):
+        out = _m.pair_split(b.words, b.coeffs, b.meta, ac, g, cos, sin, limits, cfg.capacity, room, stop=cfg.stop,
+                            exact=cfg.exact)
+        return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
+
+    rooms = cfg.rooms
+    pick = shared(jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1], jnp.int32))))
+    buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))] + [partial(split, room=r) for r in rooms], buf)
+    return _cap(buf, limits, cfg.capacity), need
+
+
+def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """Pauli channels: each scales a word by the factor of its code on the channel's qubit; per gate,
+    the coefficient rule drops what falls under it after each channel."""
+    each = _t.Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.per == "gate" else _t.Limits()
+
+    def one(j, valid, b):
+        j = jnp.minimum(j, T["ch_qubit"].shape[0] - 1)
+        q = T["ch_qubit"][j]
+        code = (_w.get_site(b.x, q) | _w.get_site(b.z, q) << 1).astype(jnp.int32)
+        factor = jnp.where(valid, T["ch_factor"][j][code], 1).astype(b.coeffs.dtype)
+        b = b._replace(coeffs=b.coeffs * factor)
+        return _drop_rules(b, each) if each.min_abs_coeff is not None else b
+
+    buf = _elements(T["u_start"][u], T["u_count"][u], cfg, one, buf)
+    if cfg.per == "layer":
+        buf = _cap(_drop_rules(buf, limits), limits, cfg.capacity)
+    return buf, jnp.int32(0)
+
+
+def truncate_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """The rules on the whole buffer (the end of a step whose rotations deferred them)."""
+    return _cap(_drop_rules(buf, limits), limits, cfg.capacity), jnp.int32(0)
+
+
+def noop_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    return buf, jnp.int32(0)
+
+
+UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPLIT: split_unit,
+                  _s.U_LAYER: noop_unit, _s.U_CHANNEL: channel_unit, _s.U_TRUNCATE: truncate_unit,
+                  _s.U_NOOP: noop_unit}
+
+
+def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+    """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0)."""
+    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units else noop_unit, T=T, params=params, limits=limits, cfg=cfg)
+                for k in range(len(UNIT_FUNCTIONS))]
+    return lax.switch(T["u_kind"][u], [lambda b, f=f: f(b, u) for f in branches], buf)
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+
+class Progress(NamedTuple):
+    unit: jax.Array  # the next unit to apply (the one that overflowed, if stopped)
+    need: jax.Array  # the slots the overflowing unit needed (0: it did not stop)
+    unit_terms: jax.Array  # (U,) int32 live terms after each unit
+    peak: jax.Array  # int32 largest live count
+
+    @property
+    def stopped(self):
+        return self.need > 0
+
+
+def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
+    """Apply units start .. num_units - 1 (or until one overflows, with cfg.stop)."""
+    if cfg.static_loops:
+        return _run_static(T, buf, params, limits, cfg)
+    num_units = T["num_units"]
+
+    def cond(carry):
+        u, b, need, terms, peak = carry
+        return (u < num_units) & (need == 0)
+
+    def body(carry):
+        u, b, need, terms, peak = carry
+        b, need = apply_unit(b, u, T, params, limits, cfg)
+        # a batch stops together (the unit's own overflow test is shared), so the unit index stays
+        # one for the batch and every lax.switch on it keeps one branch (batching.py)
+        need = shared(need)
+        count = jnp.sum(b.live).astype(jnp.int32)
+        terms = terms.at[u].set(jnp.where(need > 0, terms[u], count))
+        return jnp.where(need > 0, u, u + 1), b, need, terms, jnp.maximum(peak, count)
+
+    terms = jnp.zeros(T["u_kind"].shape[0], jnp.int32)
+    peak = jnp.sum(buf.live).astype(jnp.int32)
+    u, buf, need, terms, peak = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
+                                                            terms, peak))
+    return buf, Progress(u, need, terms, peak)
+
+
+def _run_static(T: dict, buf: Buffer, params, limits: _t.Limits, cfg: Config):
+    """All units (padding ones are no-ops) in a scan of checkpointed segments: JAX differentiates it in
+    both modes, holding O(sqrt(units)) buffers in reverse mode."""
+    total = T["u_kind"].shape[0]
+    seg = 1 << ((total.bit_length() - 1 + 1) // 2)
+
+    def segment(carry, s):
+        def one(c, i):
+            b, peak = c
+            u = s * seg + i
+            b, _ = apply_unit(b, u, T, params, limits, cfg)
+            count = jnp.sum(b.live).astype(jnp.int32)
+            return (b, jnp.maximum(peak, count)), count
+
+        return lax.scan(one, carry, jnp.arange(seg))
+
+    peak = jnp.sum(buf.live).astype(jnp.int32)
+    (buf, peak), terms = lax.scan(jax.checkpoint(segment), (buf, peak), jnp.arange(total // seg))
+    return buf, Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms.reshape(-1), peak)
+
+
+# ---- overlaps with product states -------------------------------------------------------------------
+
+def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
+    """(32 W, 4) factors <psi_q| P |psi_q> of each qubit's state for the codes I, X, Z, Y (host)."""
+    from .overlap import bloch_vectors
+
+    r = bloch_vectors(state, num_qubits)
+    table = np.zeros((_w.LANE_BITS * num_lanes, 4))
+    table[:, 0] = 1.0
+    table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = r[:, 0], r[:, 2], r[:, 1]
+    return table
+
+
+def word_overlaps(x, z, table):
+    """<psi| P |psi> of every packed word for a product state given by its overlap_table."""
+    shifts = jnp.arange(_w.LANE_BITS, dtype=jnp.uint32)
+    out = jnp.ones(x.shape[:-1], table.dtype)
+    for lane in range(x.shape[-1]):
+        code = (((x[..., lane, None] >> shifts) & 1) | (((z[..., lane, None] >> shifts) & 1) << 1)).astype(jnp.int32)
+        rows = table[lane * _w.LANE_BITS:(lane + 1) * _w.LANE_BITS]
+        out = out * jnp.prod(rows[jnp.arange(_w.LANE_BITS), code], axis=-1)
+    return out
+
+
+def value(buf: Buffer, table):
+    return jnp.sum(jnp.where(buf.live, buf.coeffs, 0) * word_overlaps(buf.x, buf.z, table).astype(buf.coeffs.dtype))
