@@ -110,10 +110,17 @@ class GateTable(NamedTuple):
     offset: np.ndarray
 
 
-def gate_table(circuit: Circuit, num_qubits: int) -> GateTable:
-    """The circuit's gates as a GateTable over num_qubits (>= 2) qubits, built on the host."""
+def padded_length(num_gates: int) -> int:
+    """Rows of a circuit's gate table: a power of two, at least 16 (identity gates pad it), so that a
+    loop over many circuits compiles one program per (qubits, bucket), not one per circuit."""
+    return max(16, 1 << max(0, num_gates - 1).bit_length())
+
+
+def gate_table(circuit: Circuit, num_qubits: int, length: int | None = None) -> GateTable:
+    """The circuit's gates as a GateTable over num_qubits (>= 2) qubits, built on the host; `length`
+    rows (identity gates after the circuit's)."""
     ins = circuit.instructions
-    count = len(ins)
+    count = len(ins) if length is None else length
     t = GateTable(np.zeros(count, np.int32), np.tile(np.eye(4, dtype=complex), (count, 1, 1)),
                   np.zeros(count, np.int32), np.ones(count, np.int32), np.zeros(count, np.int64),
                   np.zeros(count, np.int64), np.ones(count, complex), np.zeros(count, np.int32),
@@ -150,10 +157,20 @@ def index_type(num_qubits: int):
     return jnp.int64 if num_qubits >= 31 else jnp.int32
 
 
+def parameter_values(params, real):
+    """params and a trailing 0 (the padding rows' index), padded to a bucketed length (8, 16, ...)."""
+    if params is None:
+        return np.zeros(8, real)
+    traced = isinstance(params, jax.core.Tracer)
+    p = (jnp if traced else np).asarray(params, real).reshape(-1)
+    width = max(8, 1 << p.shape[0].bit_length())
+    return (jnp if traced else np).pad(p, (0, width - p.shape[0]))
+
+
 def gate_rows(table: GateTable, params, dtype, itype) -> tuple:
     """The table as device arrays, one row per gate (scan's xs), with each gate's angle evaluated."""
     real = jnp.finfo(dtype).dtype
-    values = jnp.zeros(1, real) if params is None else jnp.concatenate([jnp.asarray(params, real).reshape(-1), jnp.zeros(1, real)])
+    values = parameter_values(params, real)
     angles = jnp.asarray(table.scale, real) * values[table.index] + jnp.asarray(table.offset, real)
     return (jnp.asarray(table.kind), jnp.asarray(table.matrix, dtype), jnp.asarray(table.a, itype),
             jnp.asarray(table.b, itype), jnp.asarray(table.xmask, itype), jnp.asarray(table.zmask, itype),
@@ -193,9 +210,16 @@ def reference_start(circuit: Circuit, params, state, dtype) -> tuple:
     width = max(circuit.num_qubits, 2)
     psi = product_state(product_kets(state, circuit.num_qubits), range(circuit.num_qubits - 1, -1, -1), dtype).reshape(-1)
     psi = jnp.concatenate([psi, jnp.zeros(2**width - psi.shape[0], dtype)])
-    table = gate_table(circuit, width)
+    table = gate_table(circuit, width, padded_length(len(circuit.instructions)))
     j = jax.lax.iota(index_type(width), 2**width)
     return j, table, gate_rows(table, params, dtype, j.dtype), psi
+
+
+@jax.jit
+def _run_reference(table: GateTable, values, psi):
+    """psi after the table's gates (one compiled program per qubit count and table bucket)."""
+    j = jax.lax.iota(index_type(int(np.log2(psi.shape[0]))), psi.shape[0])
+    return run_gates(j, gate_rows(table, values, psi.dtype, j.dtype), psi)
 
 
 def run_gates(j, rows, psi):
@@ -309,8 +333,13 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fus
     if params is not None:
         params = jnp.asarray(params)
     if fuse is None:
-        j, _, rows, psi = reference_start(circuit, params, state, dtype)
-        return run_gates(j, rows, psi)[:2**n]
+        width = max(n, 2)
+        psi = product_state(product_kets(state, n), range(n - 1, -1, -1), dtype).reshape(-1)
+        if width > n:
+            psi = jnp.concatenate([psi, jnp.zeros(2**width - psi.shape[0], dtype)])
+        table = gate_table(circuit, width, padded_length(len(circuit.instructions)))
+        psi = _run_reference(table, parameter_values(params, jnp.finfo(dtype).dtype), psi)
+        return psi if width == n else psi[:2**n]
     from .fusion import resolve_plan
 
     p = resolve_plan(circuit, fuse, dtype)  # checks fuse before anything is allocated
@@ -347,21 +376,31 @@ def observable_masks(obs: PauliSum, itype) -> tuple:
 def pauli_expectations(psi, obs: PauliSum):
     """<psi|P_t|psi> for every term of obs (real), for a state of 2^n amplitudes.
 
-    On the device, with nothing of size 2^n built on the host, and one compiled body for any number
-    of terms (lax.map over the terms' masks, in chunks of about 2^20 amplitude-terms)."""
+    On the device, with nothing of size 2^n built on the host, and one compiled program per qubit
+    count and bucket of terms (lax.map over the terms' masks, in chunks of about 2^20 amplitude-terms;
+    the masks padded with identities to a power of two)."""
     n = obs.num_qubits
     if np.size(psi) != 2**n:
         raise ValueError(f"the observable acts on {n} qubits (2^{n} amplitudes) but the state has {np.size(psi)} amplitudes")
     if len(obs) == 0:  # an empty sum (words.unpack_bits cannot reshape a (0, W) array)
         return jnp.zeros(0)
     psi = jnp.reshape(psi, -1)
-    j = jax.lax.iota(index_type(n), psi.shape[0])
+    masks = observable_masks(obs, index_type(n))
+    size = max(8, 1 << (len(obs) - 1).bit_length())
+    masks = tuple(jnp.pad(m, (0, size - len(obs)), constant_values=1 if k == 2 else 0) for k, m in enumerate(masks))
+    return _expectations(psi, masks)[:len(obs)]
+
+
+@jax.jit
+def _expectations(psi, masks):
+    j = jax.lax.iota(masks[0].dtype, psi.shape[0])
     conj = jnp.conj(psi)
 
-    def term(masks):
-        return jnp.real(jnp.sum(conj * pauli_times(j, psi, *masks)))
+    def term(m):
+        return jnp.real(jnp.sum(conj * pauli_times(j, psi, *m)))
 
-    return jax.lax.map(term, observable_masks(obs, j.dtype), batch_size=max(1, min(len(obs), 2**20 // psi.shape[0])))
+    batch = max(1, min(masks[0].shape[0], 2**20 // psi.shape[0]))
+    return jax.lax.map(term, masks, batch_size=batch)
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0", dtype=jnp.complex128):
