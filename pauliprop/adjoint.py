@@ -62,7 +62,7 @@ def _identity(b_in, u, lam, T, params, limits, cfg):
 
 
 BACKWARD = {_s.U_MERGE: _by_vjp(_e.merge_unit), _s.U_CLIFFORD: _diagonal(_e.clifford_unit),
-            _s.U_SPLIT: _by_vjp(_e.split_unit), _s.U_LAYER: _identity,
+            _s.U_SPLIT: _by_vjp(_e.split_unit),
             _s.U_CHANNEL: _diagonal(_e.channel_unit), _s.U_TRUNCATE: _by_vjp(_e.truncate_unit),
             _s.U_NOOP: _identity}
 

@@ -1,7 +1,7 @@
 """The propagation loop: the schedule's units applied to a fixed-capacity term buffer.
 
-`run` is one `lax.while_loop` over the units of `schedule.units` (MERGE, CLIFFORD, SPLIT, LAYER,
-CHANNEL, TRUNCATE), each a branch of one `lax.switch`. Everything that describes the circuit, the
+`run` is one `lax.while_loop` over the units of `schedule.units` (MERGE, CLIFFORD, SPLIT, CHANNEL,
+TRUNCATE), each a branch of one `lax.switch`. Everything that describes the circuit, the
 observable, the parameters, the truncation values and the initial state is data; what is static
 (`Config`) is the capacity, which rules exist, the truncation semantics and the backend's variant.
 So one compiled program serves every circuit whose tables fall in the same buckets, and the
@@ -12,7 +12,7 @@ there and returns the unit's index, and the caller grows the buffer and resumes 
 (propagate.py). Without it (inside a caller's trace, where shapes cannot grow) the unit keeps the
 largest terms and charges the rest to the overflow entry of the dropped norms.
 
-`value_and_grad` is reverse mode: the forward loop keeps the buffer at the start of every segment
+Reverse mode (adjoint.py `value_and_grad`): the forward loop keeps the buffer at the start of every segment
 of units; each segment is replayed, keeping its units' inputs, and swept backward, each unit by
 JAX's VJP of its own function with its truncation decisions frozen (Clifford runs and channels are
 diagonal maps of the coefficients and are transposed directly). Memory: (segments + segment
@@ -334,8 +334,7 @@ def noop_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
 
 UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPLIT: split_unit,
-                  _s.U_LAYER: noop_unit, _s.U_CHANNEL: channel_unit, _s.U_TRUNCATE: truncate_unit,
-                  _s.U_NOOP: noop_unit}
+                  _s.U_CHANNEL: channel_unit, _s.U_TRUNCATE: truncate_unit, _s.U_NOOP: noop_unit}
 
 
 def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config):

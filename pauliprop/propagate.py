@@ -82,7 +82,7 @@ def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = N
     if key not in cache:
         prog = _p.lower(circuit)
         sched = _s.schedule(prog, weight_each_gate=weight_each, backend=backend)
-        units = _s.units(sched, truncation.per, layers=False)
+        units = _s.units(sched, truncation.per)
         tables = {**_s.padded(sched), **_s.padded_units(units), "num_units": np.int32(units.length)}
         cache.clear()
         cache[key] = Lowered(prog, sched, units, tables, {})

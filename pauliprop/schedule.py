@@ -278,8 +278,8 @@ def padded(s: Schedule, minimum: int = MIN_BUCKET) -> dict:
 
 # ---- units: what one iteration of the engine's loop applies --------------------------------------------
 
-U_MERGE, U_CLIFFORD, U_SPLIT, U_LAYER, U_CHANNEL, U_TRUNCATE, U_NOOP = range(7)
-UNIT_NAMES = ("merge", "clifford", "split", "layer", "channel", "truncate", "noop")
+U_MERGE, U_CLIFFORD, U_SPLIT, U_CHANNEL, U_TRUNCATE, U_NOOP = range(6)
+UNIT_NAMES = ("merge", "clifford", "split", "channel", "truncate", "noop")
 
 
 class Units(NamedTuple):
@@ -297,12 +297,12 @@ class Units(NamedTuple):
         return int(self.kind.shape[0])
 
 
-def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
+def units(s: Schedule, per: str = "gate") -> Units:
     """The schedule's steps as loop iterations.
 
-    A LAYER step is one LAYER unit (all its rotations at once, `layers`, on GPUs) or one SPLIT unit
-    per rotation. With per="layer", the rules wait for the end of each step: SPLIT units defer
-    them, and a TRUNCATE unit applies them to the whole buffer after the step's last rotation.
+    A LAYER step is one SPLIT unit per rotation. With per="layer", the rules wait for the end of
+    each step: SPLIT units defer them, and a TRUNCATE unit applies them to the whole buffer after
+    the step's last rotation.
     """
     kind, start, count, dense, defer = [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
@@ -325,8 +325,6 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
             add(U_CLIFFORD, st, c, d=bool(s.dense[i]), ops=ops)
         elif k == CHANNEL:
             add(U_CHANNEL, st, c, ops=ops)
-        elif layers and c > 1:
-            add(U_LAYER, st, c, ops=ops)
         else:
             deferred = per == "layer" and c > 1
             for j in range(c):
