@@ -21,6 +21,7 @@ compiled program: a padding step is a NOOP.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -90,23 +91,32 @@ class Schedule(NamedTuple):
 
 def quarter_table(gx: np.ndarray, gz: np.ndarray, turns: int, a: int, b: int):
     """The 16-entry (image, sign) table on qubits (a, b) of a quarter turn of a generator on them."""
+    site = lambda words, q: int((words[q // 32] >> np.uint32(q % 32)) & 1)
+    local = (site(gx, a), site(gz, a), site(gx, b), site(gz, b))
+    image, sign = _local_quarter_table(local, int(turns) % 4, a == b)
+    return image.copy(), sign.copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _local_quarter_table(local: tuple, turns: int, one_qubit: bool):
+    """quarter_table on qubits (0, 1) for the generator with bits local = (x_a, z_a, x_b, z_b): the
+    table depends on the generator's letters on (a, b) and the turns only (so it is built once)."""
     codes = np.arange(16)
-    w = _w.num_lanes(max(a, b) + 1)
-    x = np.zeros((16, w), np.uint32)
-    z = np.zeros((16, w), np.uint32)
-    for q, shift in ((a, 0), (b, 2)):
-        x[:, q // 32] |= ((codes >> shift) & 1).astype(np.uint32) << np.uint32(q % 32)
-        z[:, q // 32] |= ((codes >> (shift + 1)) & 1).astype(np.uint32) << np.uint32(q % 32)
-    if a == b:  # a one-qubit table acts on the diagonal codes c | c << 2 (program._table_1q)
-        x, z = np.where((codes & 3 == codes >> 2)[:, None], x, 0), np.where((codes & 3 == codes >> 2)[:, None], z, 0)
-    rx, rz, sign = _c.apply_quarter_numpy(x, z, gx[:w], gz[:w], turns)
-    site = lambda words, q: ((words[:, q // 32] >> np.uint32(q % 32)) & 1).astype(np.int32)
-    image = site(rx, a) | site(rz, a) << 1 | site(rx, b) << 2 | site(rz, b) << 3
-    if a == b:
+    x = ((codes & 1) | ((codes >> 2) & 1) << 1).astype(np.uint32)[:, None]
+    z = (((codes >> 1) & 1) | ((codes >> 3) & 1) << 1).astype(np.uint32)[:, None]
+    gx = np.array([local[0] | local[2] << 1], np.uint32)
+    gz = np.array([local[1] | local[3] << 1], np.uint32)
+    if one_qubit:  # a one-qubit table acts on the diagonal codes c | c << 2 (program._table_1q)
+        gx, gz = gx & np.uint32(1), gz & np.uint32(1)
+        x, z = x & np.uint32(1), z & np.uint32(1)
+    rx, rz, sign = _c.apply_quarter_numpy(x, z, gx, gz, turns)
+    bit = lambda words, q: ((words[:, 0] >> np.uint32(q)) & 1).astype(np.int32)
+    if one_qubit:
+        image = bit(rx, 0) | bit(rz, 0) << 1
+        image = image | image << 2
         diag = (codes & 3) == (codes >> 2)
-        image = np.where(diag, image, codes)
-        sign = np.where(diag, sign, 1.0)
-    return image.astype(np.int32), sign
+        return np.where(diag, image, codes).astype(np.int32), np.where(diag, sign, 1.0)
+    return (bit(rx, 0) | bit(rz, 0) << 1 | bit(rx, 1) << 2 | bit(rz, 1) << 3).astype(np.int32), sign
 
 
 def _support(row_gx, row_gz) -> set[int]:
@@ -139,7 +149,7 @@ def schedule(prog: _p.Program, weight_each_gate: bool = False, backend: str = "c
     word after the gate that made it too heavy (truncation per gate with max_weight).
     """
     n, w = prog.num_qubits, _w.num_lanes(prog.num_qubits)
-    steps: list[list] = [[MERGE, [-1]]]  # [kind, [rows]]
+    steps: list[list] = [[MERGE, [-1], set()]]  # [kind, [rows], qubits a LAYER step holds]
     for r in range(prog.length - 1, -1, -1):
         k = int(prog.kind[r])
         if k in (_p.CLIFFORD, _p.QUARTER):
@@ -151,19 +161,20 @@ def schedule(prog: _p.Program, weight_each_gate: bool = False, backend: str = "c
         else:
             kind = MERGE
         last = steps[-1]
+        support = _support(prog.gx[r], prog.gz[r]) if kind == LAYER else set()
         if kind == LAYER and last[0] == LAYER:
-            taken = set().union(*(_support(prog.gx[i], prog.gz[i]) for i in last[1]))
-            if not (_support(prog.gx[r], prog.gz[r]) & taken):
+            if not (support & last[2]):
                 last[1].append(r)
+                last[2] |= support
                 continue
         elif kind in (CLIFFORD, CHANNEL) and last[0] == kind:
             last[1].append(r)
             continue
-        steps.append([kind, [r]])
+        steps.append([kind, [r], support])
 
     cl, maps, rot, ch, mg = [], [], [], [], []
     kind_a, start_a, count_a, dense_a = [], [], [], []
-    for kind, rows in steps:
+    for kind, rows, _ in steps:
         dense = False
         if kind == CLIFFORD:
             dense = not weight_each_gate and prefer_dense(len(rows), w, backend)
@@ -217,7 +228,7 @@ def schedule(prog: _p.Program, weight_each_gate: bool = False, backend: str = "c
         mg_qubit=np.array([prog.qubits[r, 0] if r >= 0 else 0 for r in mg_rows], np.int32),
         mg_gamma=np.array([prog.offset[r] if r >= 0 else 0.0 for r in mg_rows], float),
         mg_op=mg_rows.astype(np.int32),
-        step_ops=tuple(tuple(r for r in rows if r >= 0) for _, rows in steps),
+        step_ops=tuple(tuple(r for r in rows if r >= 0) for _, rows, _ in steps),
     )
 
 
