@@ -123,12 +123,13 @@ def _is_traced(*xs) -> bool:
 
 
 def default_capacity(obs: PauliSum, truncation: _t.Truncation, num_qubits: int | None = None) -> int:
-    """A first capacity (a power of two): room for a full split of max_terms when given; otherwise
+    """A first capacity (a power of two): max_terms and a quarter more when given (a rotation whose
+    spawned words do not fit cuts the buffer and them together to max_terms); otherwise
     room for modest growth, at most the 4^n words of n qubits, and 2^14 (CPUs) or 2^16 (GPUs) for
     truncated propagation on more than 32 qubits, where growth is the rule."""
     n = num_qubits or obs.num_qubits
     if truncation.max_terms is not None:
-        want = 2 * truncation.max_terms
+        want = truncation.max_terms + truncation.max_terms // 4
     else:
         want = min(64 * max(len(obs), 16), 4 ** min(n, 15))
         if n > 32 and not truncation.is_exact:
