@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +236,7 @@ def test_jit_of_value_and_grad_compiles_once_per_circuit_shape():
 
 def test_every_segment_length_gives_the_same_gradient(monkeypatch):
     """Reverse mode replays segments of `seg` units from saved starts: one unit per segment, the
-    default (about sqrt of the units) and one segment for all must agree exactly, batched too."""
+    default (about sqrt of the units) and one segment for all must agree (exactly on CPUs), batched too."""
     c, h, p = _layered()
     trunc, out = pp.Truncation(min_abs_coeff=1e-3, max_weight=4), []
     batch = jnp.stack([jnp.asarray(p), 0.5 * jnp.asarray(p)])
@@ -244,12 +245,15 @@ def test_every_segment_length_gives_the_same_gradient(monkeypatch):
         monkeypatch.setattr(adjoint, "segment_length", choose)
         f = lambda q: pp.expectation(c, h, q, truncation=trunc, capacity=1024)
         out.append((jax.value_and_grad(f)(jnp.asarray(p)), jax.vmap(jax.value_and_grad(f))(batch)))
+    # bit for bit on CPUs; a GPU's reductions may round the last bit differently (H100, 2026-11-25)
+    same = np.testing.assert_array_equal if jax.default_backend() == "cpu" else partial(
+        np.testing.assert_allclose, rtol=1e-13, atol=1e-15)
     (one_a, many_a) = out[0]
     for one_b, many_b in out[1:]:
-        assert float(one_a[0]) == float(one_b[0])
-        np.testing.assert_array_equal(np.asarray(one_a[1]), np.asarray(one_b[1]))
-        np.testing.assert_array_equal(np.asarray(many_a[1]), np.asarray(many_b[1]))
-    np.testing.assert_array_equal(np.asarray(many_a[1][0]), np.asarray(one_a[1]))
+        same(np.asarray(one_a[0]), np.asarray(one_b[0]))
+        same(np.asarray(one_a[1]), np.asarray(one_b[1]))
+        same(np.asarray(many_a[1]), np.asarray(many_b[1]))
+    same(np.asarray(many_a[1][0]), np.asarray(one_a[1]))
 
 
 def test_reverse_mode_memory_grows_as_the_square_root_of_depth():

@@ -44,4 +44,7 @@ def test_members_needing_different_rooms_and_cuts_each_get_their_own_estimate():
     for k, q in enumerate(batch):
         (v, _), g = jax.value_and_grad(f, has_aux=True)(jnp.asarray(q))
         assert float(vals[k]) == float(v)
-        np.testing.assert_array_equal(np.asarray(grads[k]), np.asarray(g))
+        if jax.default_backend() == "cpu":
+            np.testing.assert_array_equal(np.asarray(grads[k]), np.asarray(g))
+        else:  # a GPU's reductions may round the last bit differently in a batch (H100, 2026-11-25)
+            np.testing.assert_allclose(np.asarray(grads[k]), np.asarray(g), rtol=1e-13, atol=1e-15)
