@@ -21,7 +21,6 @@ length) buffers.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import NamedTuple
 
@@ -68,7 +67,7 @@ class Config(NamedTuple):
     sweep: bool  # Clifford gates swept over all words, SWEEP at a time (GPUs), else gathered in rooms (CPUs)
     rooms: tuple  # the SPLIT unit's room sizes, ascending, the last = capacity
     exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
-    units: tuple = tuple(range(7))  # the unit kinds the program holds code for (others: no-ops)
+    units: tuple = tuple(range(len(_s.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
     clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
     unroll: int = 4  # generator bits a dense map's loop visits per iteration
     static_loops: int = 0  # > 0: every loop has a static trip count (this bound on a unit's elements), so
@@ -103,15 +102,16 @@ def rooms_for(capacity: int, backend: str) -> tuple:
     return rooms + (capacity,)
 
 
-def limits_of(rules, values) -> _t.Limits:
-    """Limits from the rules that exist and their values (arrays), None for the others."""
-    return _t.Limits(*(v if on else None for on, v in zip(rules, values)))
-
-
 def _angle(T, j, params):
     idx = T["rot_index"][j]
     p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros((), params.dtype)
     return jnp.where(idx >= 0, T["rot_scale"][j].astype(params.dtype) * p, 0) + T["rot_offset"][j].astype(params.dtype)
+
+
+def _room_pick(count, rooms: tuple):
+    """The branch for `count` words: 0 when there are none, else 1 + the index of the smallest of
+    `rooms` that holds them (len(rooms) + 1: none does). One branch for a whole batch (its largest)."""
+    return shared(jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms, jnp.int32))))
 
 
 def _heavy_out(buf: Buffer, mask, limits: _t.Limits) -> Buffer:
@@ -149,7 +149,6 @@ def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     xa, za = _w.get_site(buf.x, q), _w.get_site(buf.z, q)
     is_z = buf.live & damp & (xa == 0) & (za == 1)
     factor = jnp.where(damp, jnp.where(is_z, 1 - gamma, jnp.where(xa == 1, jnp.sqrt(1 - gamma), 1.0)), 1.0)
-    w = buf.x.shape[-1]
     damped = jnp.concatenate([buf.x, _w.set_site(buf.z, q, jnp.zeros_like(za))], axis=-1)
     cat = lambda a, b: jnp.concatenate([a, b])
     out = _m.full_merge(cat(buf.words, damped), cat(buf.coeffs * factor, jnp.where(is_z, gamma * buf.coeffs, 0)),
@@ -229,8 +228,8 @@ def _remap(buf: Buffer, touched, image, limits: _t.Limits, capacity: int) -> Buf
         return _heavy_out(b, touched, limits)
 
     rooms = tuple(r for r in (capacity // 64, capacity // 16) if r >= 256)
-    pick = shared(jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms, jnp.int32))))
-    return lax.switch(pick, [lambda b: b] + [partial(gathered, room=r) for r in rooms] + [everywhere], buf)
+    return lax.switch(_room_pick(count, rooms), [lambda b: b] + [partial(gathered, room=r) for r in rooms]
+                      + [everywhere], buf)
 
 
 def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -289,8 +288,8 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     limits = limits.off_unless(~T["u_defer"][u])
     angle = _angle(T, j, params).astype(buf.coeffs.dtype)
     cos, sin = jnp.cos(angle), jnp.sin(angle)
-    g = jnp.concatenate([T["rot_gx"][j], T["rot_gz"][j]])
     gx, gz = T["rot_gx"][j], T["rot_gz"][j]
+    g = jnp.concatenate([gx, gz])
     ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
     splitting = jnp.sum(ac)
 
@@ -300,8 +299,8 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
         return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
     rooms = cfg.rooms
-    pick = shared(jnp.where(splitting == 0, 0, 1 + jnp.sum(splitting > jnp.asarray(rooms[:-1], jnp.int32))))
-    buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))] + [partial(split, room=r) for r in rooms], buf)
+    buf, need = lax.switch(_room_pick(splitting, rooms[:-1]),
+                           [lambda b: (b, jnp.int32(0))] + [partial(split, room=r) for r in rooms], buf)
     return _cap(buf, limits, cfg.capacity), need
 
 

@@ -158,13 +158,10 @@ def rule_charges(limits, coeffs, weights, sins, candidate):
     return candidate & ~drop_w & ~drop_c & ~drop_s, charge
 
 
-def full_merge(words, coeffs, meta, truncation, capacity: int, destinations: bool = False, stop: bool = False,
-               exact: bool = False):
+def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = False, exact: bool = False):
     """Merge duplicates among all live candidates, truncate, compact into `capacity` slots.
 
-    Returns (words, coeffs, meta, dropped[5]); with `destinations` also the output slot each
-    candidate's coefficient went to (`capacity` where it was dropped); with `stop` the slots the
-    result needs (above `capacity`: an overflow that no max_terms cut brings under it, and the output
+    Returns (words, coeffs, meta, dropped[5]); with `stop` also the slots the result needs (above `capacity`: an overflow that no max_terms cut brings under it, and the output
     is void). exact: the words sort by their own bits (merge.hashes).
     """
     limits = as_limits(truncation)
@@ -209,9 +206,6 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, destinations: boo
     out_coeffs = jnp.zeros(capacity, coeffs.dtype).at[dest].set(run_coeff, mode="drop")
     out_meta = jnp.zeros(capacity, jnp.int32).at[dest].set(pack_meta(keep, run_sins), mode="drop")
     out = (out_words, out_coeffs, out_meta, dropped)
-    if destinations:  # a candidate's coefficient goes where its run's head went
-        head_pos = lax.cummax(jnp.where(head, jnp.arange(m), 0))
-        out = (*out, jnp.zeros(m, jnp.int32).at[order].set(jnp.where(ls, dest[head_pos], capacity)))
     if stop:
         overflow = shared((need > capacity) & (rule == 4))
         out = (*out, jnp.where(overflow, need, 0))

@@ -191,10 +191,6 @@ def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, 
                      unroll=32 if backend != "cpu" else 4, **_e.features(low.units, low.schedule))
 
 
-def _limits(truncation: _t.Truncation, dtype) -> _t.Limits:
-    return truncation.limits(dtype)
-
-
 # ---- the compiled loop -------------------------------------------------------------------------------
 
 # XLA:CPU copies each lax.switch result back into the loop's carry unless copy insertion runs its region
@@ -241,7 +237,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     if cap < 1 or cap < len(obs):
         raise ValueError(f"capacity {cap} is smaller than the observable's {len(obs)} terms")
     buf = _initial_buffer(obs, cap, dtype, batch)
-    limits = _limits(truncation, dtype)
+    limits = truncation.limits(dtype)
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     peak, start = 0, 0
     while True:
@@ -314,7 +310,7 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
     buf = _initial_buffer(observable, cap, dtype)
     longest = int(max(low.units.count.max(initial=1), 1))
     cfg = _config(low, truncation, cap, False, backend)._replace(static_loops=longest)
-    buf, prog = _propagate_static(low.tables, buf, p, _limits(truncation, dtype), cfg=cfg)
+    buf, prog = _propagate_static(low.tables, buf, p, truncation.limits(dtype), cfg=cfg)
     terms = prog.unit_terms[low.units.unit_of_op]
     stats = PropagationStats(terms, buf.dropped, buf.dropped[4] > 0, cap,
                              jnp.maximum(prog.peak, jnp.max(terms, initial=0)))
@@ -390,7 +386,7 @@ def _traced_estimate(circuit, observable, params, truncation, capacity, initial_
     cfg = _config(low, truncation, cap, False, backend)
     seg = _a.segment_length(int(low.tables["u_kind"].shape[0]))
     words = (buf.words, buf.meta)
-    val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, _limits(truncation, dtype),
+    val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
                                                      table, cfg=cfg, seg=seg)
     terms = unit_terms[low.units.unit_of_op]
     stats = PropagationStats(terms, dropped, dropped[4] > 0, cap, jnp.maximum(peak, jnp.max(terms, initial=0)))
