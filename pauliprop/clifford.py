@@ -92,27 +92,58 @@ def apply_map_numpy(x: np.ndarray, z: np.ndarray, m: CliffordMap):
     return rx, rz, np.where(e == 0, 1.0, -1.0)
 
 
+CHUNK = 8  # generator bits a table lookup of apply_map covers (a byte of the packed word)
+
+
+def chunk_tables(image_x, image_z, phase):
+    """The map's lookup tables: for each byte c of a packed word (x lanes, then z lanes) and each of its
+    256 values b, the image of the generators set in b (XOR of their images) and its phase term:
+    sum of their phases plus twice the parity of the crossings among them, in generator order.
+    Built on the device from the images (8 K per map on 4 lanes), so schedules store only the images.
+    Returns (tx, tz, te): (8 W . 2, 256, W) uint32 twice and (8 W . 2, 256) int32."""
+    two_n, w = image_x.shape
+    chunks = two_n // CHUNK
+    ix = image_x.reshape(chunks, CHUNK, w)
+    iz = image_z.reshape(chunks, CHUNK, w)
+    ph = phase.reshape(chunks, CHUNK)
+    b = jnp.arange(256, dtype=jnp.uint32)
+    v = ((b[:, None] >> jnp.arange(CHUNK, dtype=jnp.uint32)) & 1).astype(bool)  # (256, 8): bits of b
+    xor_of = lambda img: lax.reduce(jnp.where(v[None, :, :, None], img[:, None], jnp.uint32(0)), jnp.uint32(0),
+                                    lax.bitwise_xor, (2,))
+    tx, tz = xor_of(ix), xor_of(iz)
+    # crossing of generators j < k of one chunk: parity(iz_j & ix_k)
+    cross = _w.popcount(iz[:, :, None, :] & ix[:, None, :, :]).sum(-1) & 1  # (chunks, 8, 8)
+    upper = jnp.triu(jnp.ones((CHUNK, CHUNK), bool), 1)
+    both = v[:, :, None] & v[:, None, :] & upper  # (256, 8, 8): j < k, both set in b
+    pairs = jnp.sum(jnp.where(both[None], cross[:, None], 0), axis=(2, 3))
+    te = (jnp.sum(jnp.where(v[None], ph[:, None], 0), axis=-1) + 2 * pairs) & 3
+    return tx, tz, te.astype(jnp.int32)
+
+
 def apply_map(x, z, image_x, image_z, phase, unroll: int = 4):
     """(x', z', sign) for packed words (C, W): one pass over the words (jax).
 
-    A lax.fori_loop visits the 64 W generator bits, `unroll` bits an iteration, so the program's
-    size does not grow with the map or the number of qubits (GPUs take a wide unroll: an iteration
-    is a launch)."""
+    A lax.fori_loop visits the word's 8 W bytes, `unroll` an iteration: each byte looks its part of
+    the image up in `chunk_tables` (one gather of a 256-row table) instead of visiting its 8
+    generator bits one by one. The crossings between bytes enter as the parity of the image's Z bits
+    so far against the byte's X image (the module docstring's pairwise term, which is linear in
+    each factor). The program's size does not grow with the map or the number of qubits."""
     w = x.shape[-1]
     inputs = jnp.concatenate([x, z], axis=-1)  # (C, 2W): lane l < W holds X bits, l >= W Z bits
+    tx, tz, te = chunk_tables(image_x, image_z, phase)
+    per_lane = LANE // CHUNK
 
-    def bit(k, carry):
+    def chunk(c, carry):
         rx, rz, e = carry
-        word = lax.dynamic_index_in_dim(inputs, k // LANE, axis=-1, keepdims=False)
-        v = ((word >> (k % LANE).astype(jnp.uint32)) & jnp.uint32(1)).astype(bool)
-        ix, iz = image_x[k], image_z[k]
+        word = lax.dynamic_index_in_dim(inputs, c // per_lane, axis=-1, keepdims=False)
+        b = ((word >> ((c % per_lane) * CHUNK).astype(jnp.uint32)) & jnp.uint32(0xFF)).astype(jnp.int32)
+        ix, iz = tx[c][b], tz[c][b]
         cross = _w.popcount(rz & ix).sum(-1) & 1
-        e = e + jnp.where(v, phase[k] + 2 * cross, 0)
-        return jnp.where(v[:, None], rx ^ ix, rx), jnp.where(v[:, None], rz ^ iz, rz), e
+        return rx ^ ix, rz ^ iz, e + te[c][b] + 2 * cross
 
     zero = jnp.zeros_like(x)
     e0 = _w.popcount(x & z).sum(-1)
-    rx, rz, e = lax.fori_loop(0, 2 * LANE * w, bit, (zero, zero, e0), unroll=unroll)
+    rx, rz, e = lax.fori_loop(0, 2 * w * per_lane, chunk, (zero, zero, e0), unroll=unroll)
     e = (e - _w.popcount(rx & rz).sum(-1)) & 3
     return rx, rz, jnp.where(e == 0, 1, -1).astype(jnp.int32)
 

@@ -35,7 +35,7 @@ from . import schedule as _s
 from . import truncation as _t
 from . import words as _w
 from .batching import shared
-from .prefix import first_set
+from .prefix import count as _count, first_set
 
 
 class Buffer(NamedTuple):
@@ -210,7 +210,7 @@ def _remap(buf: Buffer, touched, image, limits: _t.Limits, capacity: int) -> Buf
     None touched: nothing to do (common outside the light cone). A few (up to C/16): gathered into
     the smallest room that holds them, so the cost follows their count. More: one pass over the
     buffer. Only the weight rule can drop a moved word."""
-    count = jnp.sum(touched)
+    count = _count(touched)
 
     def gathered(b, room):
         src = first_set(touched, room)
@@ -291,15 +291,18 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     gx, gz = T["rot_gx"][j], T["rot_gz"][j]
     g = jnp.concatenate([gx, gz])
     ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
-    splitting = jnp.sum(ac)
+    splitting = _count(ac)
 
     def split(b, room):
+        # a room smaller than the buffer is taken only when the live and splitting words fit it together
         out = _m.pair_split(b.words, b.coeffs, b.meta, ac, g, cos, sin, limits, cfg.capacity, room, stop=cfg.stop,
-                            exact=cfg.exact)
+                            exact=cfg.exact, fits=room < cfg.capacity)
         return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
     rooms = cfg.rooms
-    buf, need = lax.switch(_room_pick(splitting, rooms[:-1]),
+    fits = _count(buf.live) + splitting <= cfg.capacity
+    pick = _room_pick(jnp.where(fits | (splitting == 0), splitting, cfg.capacity), rooms[:-1])
+    buf, need = lax.switch(pick,
                            [lambda b: (b, jnp.int32(0))] + [partial(split, room=r) for r in rooms], buf)
     return _cap(buf, limits, cfg.capacity), need
 
@@ -372,12 +375,12 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
         # a batch stops together (the unit's own overflow test is shared), so the unit index stays
         # one for the batch and every lax.switch on it keeps one branch (batching.py)
         need = shared(need)
-        count = jnp.sum(b.live).astype(jnp.int32)
+        count = _count(b.live)
         terms = terms.at[u].set(jnp.where(need > 0, terms[u], count))
         return jnp.where(need > 0, u, u + 1), b, need, terms, jnp.maximum(peak, count)
 
     terms = jnp.zeros(T["u_kind"].shape[0], jnp.int32)
-    peak = jnp.sum(buf.live).astype(jnp.int32)
+    peak = _count(buf.live)
     u, buf, need, terms, peak = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
                                                             terms, peak))
     return buf, Progress(u, need, terms, peak)
@@ -394,12 +397,12 @@ def _run_static(T: dict, buf: Buffer, params, limits: _t.Limits, cfg: Config):
             b, peak = c
             u = s * seg + i
             b, _ = apply_unit(b, u, T, params, limits, cfg)
-            count = jnp.sum(b.live).astype(jnp.int32)
+            count = _count(b.live)
             return (b, jnp.maximum(peak, count)), count
 
         return lax.scan(one, carry, jnp.arange(seg))
 
-    peak = jnp.sum(buf.live).astype(jnp.int32)
+    peak = _count(buf.live)
     (buf, peak), terms = lax.scan(jax.checkpoint(segment), (buf, peak), jnp.arange(total // seg))
     return buf, Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms.reshape(-1), peak)
 

@@ -38,7 +38,7 @@ from jax import lax
 from . import truncation as _t
 from . import words as _w
 from .batching import shared
-from .prefix import first_set, on_cpu, prefix_count
+from .prefix import count, first_set, on_cpu, prefix_count
 
 DEAD_KEY = np.uint64((1 << 64) - 1)
 BIG = np.int32(2**30)  # a sine count above any limit
@@ -192,7 +192,7 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     keep, charge = rule_charges(limits, run_coeff, weight(ws), run_sins, head)
     dropped = jnp.concatenate([charge, jnp.zeros(2, charge.dtype)])
     limit, rule = _limit(limits, capacity)
-    need = jnp.sum(keep).astype(jnp.int32)
+    need = count(keep)
     if not (stop and limits.max_terms is None):
         mag = jnp.abs(run_coeff)
         capped = lax.cond(shared(need > limit), lambda k: _t.keep_largest(mag, k, limit, tiebreak=weight(ws)),
@@ -239,11 +239,11 @@ def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
         return (jnp.where(kept, coeffs, 0), jnp.where(kept, meta, 0),
                 dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0))))
 
-    return lax.cond(shared(jnp.sum(live) > limit), cut, lambda a: a, (coeffs, meta, dropped))
+    return lax.cond(shared(count(live) > limit), cut, lambda a: a, (coeffs, meta, dropped))
 
 
 def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, room: int, stop: bool = False,
-               exact: bool = False):
+               exact: bool = False, fits: bool = False):
     """Rotation exp(-i a/2 G) on a buffer of distinct live words, touching only the splitting words.
 
     A word P that anticommutes with G (`ac`) keeps cos * c and feeds sin * sign * c to P xor G, which
@@ -256,7 +256,9 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     the spawned survivors do not fit the free slots: then the buffer and the spawned words are cut
     together here, to max_terms (or to the capacity, charged to overflow). With `stop` and no
     max_terms below the capacity such a rotation is not made: nothing is written, and the last output
-    is the slots it needed (0 when it fitted).
+    is the slots it needed (0 when it fitted). fits: the caller knows that the live words and the
+    splitting ones together fit the buffer, so neither the cut nor the overflow can happen (the
+    program then holds no code for them: a cut costs seconds of compilation per room).
     Returns (words, coeffs, meta, dropped[5]) (and the slots needed, with `stop`).
     """
     limits = as_limits(truncation)
@@ -307,9 +309,10 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     dropped = jnp.concatenate([charge_old + charge_new, jnp.zeros(2, charge_old.dtype)])
     live = live_of(meta)
     limit, rule = _limit(limits, capacity)
-    need = (jnp.sum(live) - jnp.sum(valid & ~keep_old) + jnp.sum(keep_new)).astype(jnp.int32)
-    cut_here = not (stop and limits.max_terms is None)
-    if stop:  # an overflowing rotation writes nothing
+    need = count(live) - count(valid & ~keep_old) + count(keep_new)
+    cut_here = not fits and not (stop and limits.max_terms is None)
+    overflow = jnp.asarray(False)
+    if stop and not fits:  # an overflowing rotation writes nothing
         overflow = shared((need > cap) & (rule == 4))
         at = jnp.where(overflow, cap, at)
         keep_new = keep_new & ~overflow
@@ -334,7 +337,7 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
                                    method="radix" if limits.max_terms is None and on_cpu() else None)
             return kept[:cap], kept[cap:], jnp.sum(jnp.where(both & ~kept, mag, 0))
 
-        live, keep_new, cut_norm = lax.cond(shared(jnp.sum(live) + jnp.sum(keep_new) > cap), cut_both,
+        live, keep_new, cut_norm = lax.cond(shared(count(live) + count(keep_new) > cap), cut_both,
                                             lambda a: (*a, jnp.zeros((), coeffs.dtype)), (live, keep_new))
         dropped = dropped.at[rule].add(cut_norm)
         coeffs = jnp.where(live, coeffs, 0)

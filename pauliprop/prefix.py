@@ -11,6 +11,11 @@ def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def count(mask):
+    """True entries of a mask as int32 (a plain sum widens to int64 under x64: twice the traffic)."""
+    return jnp.sum(mask, dtype=jnp.int32)
+
+
 def prefix_count(a):
     """Inclusive prefix sum of a boolean or int mask, as int32.
 

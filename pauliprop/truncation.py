@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from .batching import shared
-from .prefix import first_set, prefix_count
+from .prefix import count, first_set, prefix_count
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
@@ -161,7 +161,7 @@ def _bucket_cut(bits, mask, k, tb_at, value_bits, itype, fallback):
         kept = _select_and_break_ties(bits[s], ok, k - above, tb_at(s), value_bits, itype, "radix")
         return (mask & (top > d)).at[jnp.where(ok, src, n)].set(kept, mode="drop")
 
-    covered = jnp.sum(mask) <= k
+    covered = count(mask) <= k
     pick = jnp.where(covered, 0, jnp.where(hist[d] <= min(BUCKET_ROOM, bits.shape[0]), 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
     return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: fallback()], None))
@@ -193,7 +193,7 @@ def _select_and_break_ties(bits, mask, k, tb, value_bits, itype, method):
     t = (_radix_select if method in ("bucket", "radix") else _bisect_select)(bits, mask, k, value_bits, itype)
     above = mask & (bits > t)
     ties = mask & (bits == t)
-    room = k - jnp.sum(above)
+    room = k - count(above)
     at_most = jnp.cumsum(histogram(jnp.where(ties, tb, TIE_LEVELS), TIE_LEVELS))
     cut = jnp.sum(at_most < room)  # smallest level whose cumulative count reaches room
     below = jnp.where(cut > 0, at_most[jnp.maximum(cut - 1, 0)], 0)
@@ -206,24 +206,28 @@ def _select_and_break_ties(bits, mask, k, tb, value_bits, itype, method):
 
 
 def _radix_select(bits, mask, k, value_bits, itype):
-    """The k-th largest of bits[mask], most significant 11-bit digit first."""
-    prefix = jnp.zeros((), itype)
-    need = jnp.asarray(k, jnp.int32)
-    hi = value_bits
-    while hi > 0:
-        width = min(11, hi)
-        shift = hi - width
-        size = 1 << width
-        in_prefix = mask & ((bits >> hi) == prefix) if hi < value_bits else mask
-        digit = ((bits >> shift) & (size - 1)).astype(jnp.int32)
+    """The k-th largest of bits[mask], most significant digit first: one histogram a digit, in a
+    fori_loop (a single histogram in the program: XLA:CPU compiles each scatter for tens of ms)."""
+    unsigned = jnp.uint64 if itype == jnp.int64 else jnp.uint32
+    width = 9 if itype == jnp.int64 else 8  # 7 digits of the 63 value bits, or 4 of 32 (the sign bit is 0)
+    digits = -(-value_bits // width)
+    size = 1 << width
+    ubits = bits.astype(unsigned)
+
+    def digit_step(i, carry):
+        prefix, need = carry
+        shift = ((digits - 1 - i) * width).astype(unsigned)
+        # shifts past the type's width give 0 in XLA, so the first digit's prefix test passes everywhere
+        in_prefix = mask & ((ubits >> (shift + width)) == prefix)
+        digit = ((ubits >> shift) & (size - 1)).astype(jnp.int32)
         hist = histogram(jnp.where(in_prefix, digit, size), size)
         at_least = jnp.cumsum(hist[::-1])[::-1]  # at_least[d] = count with digit >= d
         d = jnp.sum(at_least >= need) - 1  # at_least is non-increasing: the ok digits are a prefix
         above = jnp.where(d + 1 < size, at_least[jnp.minimum(d + 1, size - 1)], 0)
-        need = need - above
-        prefix = (prefix << width) | d.astype(itype)
-        hi = shift
-    return prefix
+        return (prefix << width) | d.astype(unsigned), need - above
+
+    prefix, _ = lax.fori_loop(0, digits, digit_step, (jnp.zeros((), unsigned), jnp.asarray(k, jnp.int32)))
+    return prefix.astype(itype)
 
 
 def _bisect_select(bits, mask, k, value_bits, itype):

@@ -66,7 +66,9 @@ def weight(x, z):
 
 def anticommutes(x, z, gx, gz):
     """True where word (x, z) anticommutes with the word (gx, gz) (broadcast over leading axes)."""
-    return (popcount((x & gz) ^ (z & gx)).sum(axis=-1) & 1).astype(bool)
+    lanes = (x & gz) ^ (z & gx)  # the parity of all lanes' bits: fold the lanes first, one popcount
+    folded = jax.lax.reduce(lanes, jnp.zeros((), lanes.dtype), jax.lax.bitwise_xor, (lanes.ndim - 1,))
+    return (popcount(folded) & 1).astype(bool)
 
 
 def product_sign(x, z, gx, gz):
