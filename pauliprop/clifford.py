@@ -99,8 +99,9 @@ def chunk_tables(image_x, image_z, phase):
     """The map's lookup tables: for each byte c of a packed word (x lanes, then z lanes) and each of its
     256 values b, the image of the generators set in b (XOR of their images) and its phase term:
     sum of their phases plus twice the parity of the crossings among them, in generator order.
-    Built on the device from the images (8 K per map on 4 lanes), so schedules store only the images.
-    Returns (tx, tz, te): (8 W . 2, 256, W) uint32 twice and (8 W . 2, 256) int32."""
+    Built on the device from the images at each application: schedules store only the images (8 KB a
+    map on 4 lanes; the tables are 36 times that). Returns (tx, tz, te): (8 W, 256, W) uint32 twice
+    and (8 W, 256) int32."""
     two_n, w = image_x.shape
     chunks = two_n // CHUNK
     ix = image_x.reshape(chunks, CHUNK, w)

@@ -309,10 +309,10 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     dropped = jnp.concatenate([charge_old + charge_new, jnp.zeros(2, charge_old.dtype)])
     live = live_of(meta)
     limit, rule = _limit(limits, capacity)
-    need = count(live) - count(valid & ~keep_old) + count(keep_new)
     cut_here = not fits and not (stop and limits.max_terms is None)
-    overflow = jnp.asarray(False)
+    overflow, need = jnp.asarray(False), jnp.int32(0)
     if stop and not fits:  # an overflowing rotation writes nothing
+        need = count(live) - count(valid & ~keep_old) + count(keep_new)
         overflow = shared((need > cap) & (rule == 4))
         at = jnp.where(overflow, cap, at)
         keep_new = keep_new & ~overflow
