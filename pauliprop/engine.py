@@ -70,6 +70,7 @@ class Config(NamedTuple):
     units: tuple = tuple(range(len(_s.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
     clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
     unroll: int = 4  # bytes of a word a dense map's loop looks up per iteration (clifford.apply_map)
+    units_per_test: int = 1  # units the loop applies between two tests of its end (GPUs: more, see run)
     static_loops: int = 0  # > 0: every loop has a static trip count (this bound on a unit's elements), so
     #                        JAX's own reverse mode can differentiate the loop (pp.propagate under jax.grad)
 
@@ -281,30 +282,43 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return (dense if has_dense else by_gates)(buf), jnp.int32(0)
 
 
+def _rotation(buf: Buffer, u, T, params):
+    """(angle, generator word, anticommuting live words, their count) of the rotation of unit u."""
+    j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
+    angle = _angle(T, j, params).astype(buf.coeffs.dtype)
+    gx, gz = T["rot_gx"][j], T["rot_gz"][j]
+    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+    return angle, jnp.concatenate([gx, gz]), ac, _count(ac)
+
+
+def _split_pick(live_count, splitting, cfg: Config):
+    """The room branch of a rotation: 0 when nothing splits, else 1 + the smallest room that holds the
+    splitting words, a room smaller than the buffer only when the live and splitting words fit it."""
+    fits = live_count + splitting <= cfg.capacity
+    return _room_pick(jnp.where(fits | (splitting == 0), splitting, cfg.capacity), cfg.rooms[:-1])
+
+
+def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
+    """The rotation of unit u with its splitting words in `room` slots (merge.pair_split), no cut after."""
+    angle, g, ac, _ = rotation
+    # a room smaller than the buffer reports a fingerprint collision (the loop redoes the rotation in
+    # the full room, the one that holds the exact ordering's code)
+    out = _m.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
+                        limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
+                        fits=room < cfg.capacity, report_collisions=room < cfg.capacity)
+    return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
+
+
 def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     """One rotation exp(-i a/2 G): its splitting words gathered into the smallest room that holds
-    them, paired and mixed (merge.pair_split), then the largest-terms cut."""
-    j = T["u_start"][u]
-    limits = limits.off_unless(~T["u_defer"][u])
-    angle = _angle(T, j, params).astype(buf.coeffs.dtype)
-    cos, sin = jnp.cos(angle), jnp.sin(angle)
-    gx, gz = T["rot_gx"][j], T["rot_gz"][j]
-    g = jnp.concatenate([gx, gz])
-    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
-    splitting = _count(ac)
-
-    def split(b, room):
-        # a room smaller than the buffer is taken only when the live and splitting words fit it together
-        out = _m.pair_split(b.words, b.coeffs, b.meta, ac, g, cos, sin, limits, cfg.capacity, room, stop=cfg.stop,
-                            exact=cfg.exact, fits=room < cfg.capacity)
-        return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
-
-    rooms = cfg.rooms
-    fits = _count(buf.live) + splitting <= cfg.capacity
-    pick = _room_pick(jnp.where(fits | (splitting == 0), splitting, cfg.capacity), rooms[:-1])
-    buf, need = lax.switch(pick,
-                           [lambda b: (b, jnp.int32(0))] + [partial(split, room=r) for r in rooms], buf)
-    return _cap(buf, limits, cfg.capacity), need
+    them, paired and mixed (merge.pair_split), then the largest-terms cut. (The loop runs the same
+    steps with the room chosen in its own switch: apply_unit.)"""
+    rotation = _rotation(buf, u, T, params)
+    pick = _split_pick(_count(buf.live), rotation[3], cfg)
+    buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))]
+                           + [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation)
+                              for r in cfg.rooms], buf)
+    return _cap(buf, limits.off_unless(~T["u_defer"][u]), cfg.capacity), need
 
 
 def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -339,11 +353,31 @@ UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPL
                   _s.U_CHANNEL: channel_unit, _s.U_TRUNCATE: truncate_unit, _s.U_NOOP: noop_unit}
 
 
-def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config):
-    """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0)."""
-    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units else noop_unit, T=T, params=params, limits=limits, cfg=cfg)
-                for k in range(len(UNIT_FUNCTIONS))]
-    return lax.switch(T["u_kind"][u], [lambda b, f=f: f(b, u) for f in branches], buf)
+def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, full_room=False):
+    """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0).
+
+    One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
+    picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
+    copy of the buffer on CPUs and a wait for the host on GPUs), then the largest-terms cut after a
+    rotation. live_count: the buffer's live words, when the caller knows it. Inactive: a no-op.
+    full_room: a rotation takes the full room (after a smaller one reported a collision)."""
+    live_count = _count(buf.live) if live_count is None else live_count
+    kind = T["u_kind"][u]
+    rotation = _rotation(buf, u, T, params)
+    split = kind == _s.U_SPLIT
+    pick = jnp.where(full_room & (rotation[3] > 0), len(cfg.rooms), _split_pick(live_count, rotation[3], cfg))
+    kinds = len(UNIT_FUNCTIONS)
+    index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), _s.U_NOOP)
+    common = dict(T=T, params=params, limits=limits, cfg=cfg)
+    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != _s.U_SPLIT else noop_unit, u=u, **common)
+                for k in range(kinds)]
+    if _s.U_SPLIT in cfg.units:
+        branches += [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation)
+                     for r in cfg.rooms]
+    buf, need = lax.switch(shared(index), [lambda b, f=f: f(b) for f in branches], buf)
+    if _s.U_SPLIT in cfg.units:
+        buf = _cap(buf, limits.off_unless(split & ~T["u_defer"][u]), cfg.capacity)
+    return buf, need
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
@@ -360,29 +394,43 @@ class Progress(NamedTuple):
 
 
 def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
-    """Apply units start .. num_units - 1 (or until one overflows, with cfg.stop)."""
+    """Apply units start .. num_units - 1 (or until one overflows, with cfg.stop).
+
+    A while loop whose step applies cfg.units_per_test units in a fixed-count loop (the units past
+    the end or past an overflow are no-ops): a GPU copies a while loop's predicate to the host at
+    every step and waits for it, so it tests once per that many units."""
     if cfg.static_loops:
         return _run_static(T, buf, params, limits, cfg)
     num_units = T["num_units"]
 
     def cond(carry):
-        u, b, need, terms, peak = carry
+        u, b, need, terms, peak, live, full_at = carry
         return (u < num_units) & (need == 0)
 
-    def body(carry):
-        u, b, need, terms, peak = carry
-        b, need = apply_unit(b, u, T, params, limits, cfg)
+    def one(carry):
+        u, b, need, terms, peak, live, full_at = carry
+        active = (u < num_units) & (need == 0)
+        b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active, full_room=u == full_at)
         # a batch stops together (the unit's own overflow test is shared), so the unit index stays
         # one for the batch and every lax.switch on it keeps one branch (batching.py)
-        need = shared(need)
+        need_u = shared(need_u)
+        collided = active & (need_u == _m.COLLIDED)  # redo the unit in the full room
+        need = jnp.where(active & ~collided, need_u, need)
+        advance = active & ~collided & (need == 0)
         count = _count(b.live)
-        terms = terms.at[u].set(jnp.where(need > 0, terms[u], count))
-        return jnp.where(need > 0, u, u + 1), b, need, terms, jnp.maximum(peak, count)
+        terms = terms.at[u].set(jnp.where(advance, count, terms[u]))
+        return (jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count,
+                jnp.where(collided, u, full_at))
+
+    def body(carry):
+        if cfg.units_per_test == 1:
+            return one(carry)
+        return lax.fori_loop(0, cfg.units_per_test, lambda i, c: one(c), carry)
 
     terms = jnp.zeros(T["u_kind"].shape[0], jnp.int32)
-    peak = _count(buf.live)
-    u, buf, need, terms, peak = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
-                                                            terms, peak))
+    live = _count(buf.live)
+    u, buf, need, terms, peak, _, _ = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
+                                                                  terms, live, live, jnp.int32(-1)))
     return buf, Progress(u, need, terms, peak)
 
 

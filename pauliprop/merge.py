@@ -242,8 +242,11 @@ def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
     return lax.cond(shared(count(live) > limit), cut, lambda a: a, (coeffs, meta, dropped))
 
 
+COLLIDED = -1  # pair_split's "slots needed" when it met a fingerprint collision and reported it (wrote nothing)
+
+
 def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, room: int, stop: bool = False,
-               exact: bool = False, fits: bool = False):
+               exact: bool = False, fits: bool = False, report_collisions: bool = False):
     """Rotation exp(-i a/2 G) on a buffer of distinct live words, touching only the splitting words.
 
     A word P that anticommutes with G (`ac`) keeps cos * c and feeds sin * sign * c to P xor G, which
@@ -259,6 +262,9 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     is the slots it needed (0 when it fitted). fits: the caller knows that the live words and the
     splitting ones together fit the buffer, so neither the cut nor the overflow can happen (the
     program then holds no code for them: a cut costs seconds of compilation per room).
+    report_collisions (with `stop`): two words whose fingerprints collide are not ordered exactly
+    here; the rotation writes nothing and the slots needed are COLLIDED, for the caller to redo it
+    in a room that orders exactly (the exact sort, compiled once, not in every room).
     Returns (words, coeffs, meta, dropped[5]) (and the slots needed, with `stop`).
     """
     limits = as_limits(truncation)
@@ -277,14 +283,19 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
         ow, cw, ov = pw[o], qw[o], valid[o]
         return o, ow, ov, jnp.all(cw[1:] == cw[:-1], axis=1) & ov[1:] & ov[:-1]
 
+    collided = jnp.asarray(False)
     if exact:
         order, pw, valid, pair_next = in_order(order)
     else:
         sorted_ = in_order(order)
         # equal keys of different words could interleave two pairs: then order exactly by the words
-        collision = jnp.any(same_key & sorted_[2][1:] & sorted_[2][:-1] & ~sorted_[3])
-        order, pw, valid, pair_next = lax.cond(shared(collision), lambda: in_order(_exact_order(qw, valid)),
-                                               lambda: sorted_)
+        collision = shared(jnp.any(same_key & sorted_[2][1:] & sorted_[2][:-1] & ~sorted_[3]))
+        if report_collisions and stop:
+            order, pw, valid, pair_next = sorted_
+            collided = collision
+        else:
+            order, pw, valid, pair_next = lax.cond(collision, lambda: in_order(_exact_order(qw, valid)),
+                                                   lambda: sorted_)
     src = src[order]
     at = jnp.where(valid, src, cap)
     pc, pm = coeffs[jnp.minimum(src, cap - 1)], meta[jnp.minimum(src, cap - 1)]
@@ -310,10 +321,13 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     live = live_of(meta)
     limit, rule = _limit(limits, capacity)
     cut_here = not fits and not (stop and limits.max_terms is None)
-    overflow, need = jnp.asarray(False), jnp.int32(0)
+    overflow, need = collided, jnp.where(collided, COLLIDED, 0)
     if stop and not fits:  # an overflowing rotation writes nothing
         need = count(live) - count(valid & ~keep_old) + count(keep_new)
         overflow = shared((need > cap) & (rule == 4))
+        need = jnp.where(collided, COLLIDED, need)
+        overflow = overflow | collided
+    if stop:  # an overflowing (or collided) rotation writes nothing
         at = jnp.where(overflow, cap, at)
         keep_new = keep_new & ~overflow
         dropped = jnp.where(overflow, 0, dropped)
@@ -351,4 +365,4 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     coeffs = coeffs.at[dest].set(sc, mode="drop")
     meta = meta.at[dest].set(pack_meta(jnp.ones_like(keep_new), ss), mode="drop")
     out = (words, coeffs, meta, dropped)
-    return (*out, jnp.where(overflow, need, 0)) if stop else out
+    return (*out, jnp.where(overflow, need, 0).astype(jnp.int32)) if stop else out

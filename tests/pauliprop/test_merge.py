@@ -227,6 +227,28 @@ def test_pair_split_charges_words_without_a_free_slot_to_overflow():
     assert int(np.asarray(got[4]).sum()) == SLOTS - room
 
 
+def test_pair_split_reports_a_collision_and_writes_nothing():
+    """With report_collisions (and stop), a room that meets equal fingerprints of different words
+    leaves the buffer as it was and returns COLLIDED as the slots needed."""
+    rng = np.random.default_rng(3)
+    n, count = 20, 12
+    x = rng.integers(0, 2**n, (SLOTS, 1), dtype=np.uint32)
+    z = rng.integers(0, 2**n, (SLOTS, 1), dtype=np.uint32)
+    words = jnp.asarray(np.concatenate([x, z], axis=1))
+    live = np.arange(SLOTS) < count
+    meta = jnp.asarray(live.astype(np.int32))
+    coeffs = jnp.asarray(np.where(live, rng.normal(size=SLOTS), 0))
+    g = jnp.asarray(np.array([1, 0], np.uint32))  # X on qubit 0: anticommutes with Z-or-Y there
+    ac = jnp.asarray(live & (z[:, 0] & 1 == 1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(W, "fingerprint", lambda x, z: (jnp.zeros(x.shape[0], jnp.uint32),) * 2)
+        out = jax.jit(lambda *a: M.pair_split(*a, NO_TRUNCATION, SLOTS, 16, stop=True, fits=True,
+                                              report_collisions=True))(words, coeffs, meta, ac, g, 0.6, 0.8)
+    assert int(ac.sum()) >= 2 and int(out[4]) == M.COLLIDED
+    for got, was in zip(out[:3], (words, coeffs, meta)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(was))
+
+
 def _weak_fingerprint(x, z):
     """A fingerprint with almost no entropy: nearly every pair of words collides."""
     h = (W.popcount(x).sum(-1) & 1).astype(jnp.uint32)
@@ -257,9 +279,12 @@ def test_pair_split_is_exact_under_fingerprint_collisions(cands, generator, angl
         _assert_same_terms(_terms(got, n, compacted=False), _terms(ref, n))
 
 
-def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch):
+@pytest.mark.parametrize("sizes", [dict(capacity=256), dict(initial_capacity=1024)])
+def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes):
     """End to end: a circuit propagated with the weak fingerprint equals the state vector. (Words of up
-    to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.)"""
+    to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.) With a fixed capacity every
+    room orders exactly after a collision; with a growing one (rooms of 512 and 1,024 slots) the small
+    room reports it and the loop redoes the rotation in the full room, which orders exactly."""
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
     PR._forward_jit.cache_clear()  # a fresh trace sees the weak fingerprint
@@ -277,7 +302,7 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch):
     big = pp.PauliSum.from_list([(lab, sites, c) for lab, c in terms], 20)
     p = np.array([0.4])
     try:
-        val = float(pp.expectation(circuit(20, sites), big, p, capacity=256))
+        val = float(pp.expectation(circuit(20, sites), big, p, **sizes))
     finally:
         PR._forward_jit.cache_clear()
     assert abs(val - float(pp.expectation(circuit(3, [0, 1, 2]), small, p, method="statevector"))) < 1e-10
