@@ -1,22 +1,31 @@
-"""Stabilizer benchmarks, side by side with Stim and QuaSARQ (issue 4).
+"""Stabilizer benchmarks, side by side with Stim, QuaSARQ and NVIDIA cuStabilizer (issue 4).
 
 Workloads:
   surface  detector sampling of the rotated surface code (Stim's generator, memory_z), distance d,
-           d rounds, every noise knob at p; shots per tool; detector firing rates are recorded
-           beside the times so a fast wrong answer shows.
+           d rounds, every noise knob at p, for each shot count; detector firing rates are recorded
+           beside the times so a fast wrong answer shows. Each tool is timed in every output mode it
+           has: `bool_host_s` (Stim's default: (shots, detectors) bool on the host; also `seconds`),
+           `packed_host_s` (bit_packed=True on the host), `device_s` (results left on the device:
+           ours with on_device=True, bit-packed, blocked until ready; cuStabilizer's bit-packed record
+           as a CuPy array) and, for ours, `device_bool_s`. Ours also records `stages`, where a
+           chunk's time goes: the frame program, the detector XOR, the transpose to shot-major
+           (packed and bool), and the copies to the host.
   random   a random Clifford circuit in QuaSARQ's gate set (X Y Z H S S_DAG CX CY CZ SWAP ISWAP):
            `depth` layers, each qubit in one gate per layer; gates only (the tableau workload),
            optionally then measuring every qubit (--measure-all).
 
 Tools: ours (defaults: the Pallas kernels that are on by default on GPUs), ours-jax (every kernel off,
-STABILIZER_KERNEL=jax), stim, quasarq.
+STABILIZER_KERNEL=jax), stim, quasarq, custabilizer (cuquantum.stabilizer.FrameSimulator: frame
+simulation of the circuit text, the measurement record as flips; detector rates from it through
+Stim's m2d converter; `unavailable` where cuquantum does not import).
 Each (tool, workload) runs in its own subprocess with a time limit, so a crash (QuaSARQ 1.7.2
 aborts on some circuits) or a timeout is recorded as a result instead of ending the run.
 Times: `first_s` is the first call (compiles included), `seconds` the best of the later calls.
 
 Usage:
   python experiments/stabilizer_bench.py                      # all workloads, default sizes
-  python experiments/stabilizer_bench.py --workloads surface --distances 5,11 --shots 100000
+  python experiments/stabilizer_bench.py --workloads surface --distances 5,11 --shots 1e5,1e6
+  python experiments/stabilizer_bench.py --workloads surface --distances 3 --shots 1000   # a CPU check
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ def random_circuit(n: int, depth: int, seed: int, measure_all: bool, text: bool)
 # ---- one tool on one workload (runs in a subprocess) -------------------------------------------------
 
 def _detector_sampler(tool: str, text: str):
-    """Each tool's compiled detector sampler for circuit text (seed 1), through its own API."""
+    """Each tool's compiled detector sampler for circuit text (seed 1), through its own API (Stim's)."""
     if tool.startswith("ours"):
         import stabilizer as st
 
@@ -106,29 +115,134 @@ def _timed(fn, repeats: int):
     first = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
+        out = None  # free the last output first (a d = 25 bool sample of 1e6 shots is 16 GB)
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
     return out, first, (min(times) if times else first), times
 
 
+def _rates(dets, obs) -> dict:
+    dets, obs = np.asarray(dets), np.asarray(obs)
+    return {"detector_rate": float(dets.mean()), "observable_rate": float(obs.mean()),
+            "num_detectors": int(dets.shape[1])}
+
+
+def surface_worker(tool: str, spec: dict) -> dict:
+    """Time each output mode of one tool's detector sampler on the surface code (see the docstring)."""
+    text = surface_circuit_text(spec["d"], spec["p"])
+    shots, repeats = spec["shots"], spec["repeats"]
+    if tool == "custabilizer":
+        return custabilizer_surface(text, shots, repeats)
+    t0 = time.perf_counter()
+    sampler = _detector_sampler(tool, text)
+    out = {"compile_s": time.perf_counter() - t0, "shots": shots}
+    modes = {"bool_host": lambda: sampler.sample(shots, separate_observables=True)}
+    if tool != "quasarq":
+        modes["packed_host"] = lambda: sampler.sample(shots, separate_observables=True, bit_packed=True)
+    if tool.startswith("ours"):
+        import jax
+
+        modes["device"] = lambda: jax.block_until_ready(
+            sampler.sample(shots, separate_observables=True, bit_packed=True, on_device=True))
+        modes["device_bool"] = lambda: jax.block_until_ready(
+            sampler.sample(shots, separate_observables=True, on_device=True))
+    for mode, fn in modes.items():
+        result, first, best, times = _timed(fn, repeats)
+        out |= {f"{mode}_s": best, f"{mode}_first_s": first, f"{mode}_times": times}
+        if mode == "bool_host":
+            out |= _rates(*result) | {"seconds": best, "first_s": first, "times": times}
+        del result
+    if tool.startswith("ours"):
+        out["stages"] = ours_stages(sampler, shots, repeats)
+    return out
+
+
+def ours_stages(sampler, shots: int, repeats: int) -> dict:
+    """Best times of the steps of one full chunk (`chunk_shots` shots; `chunks` of them make `shots`) of
+    our detector sampler, each blocked until ready: the frame program, the detector XOR, the transpose
+    to shot-major (bit-packed, bool) and the copy of its result to the host."""
+    import jax
+    import jax.numpy as jnp
+
+    from stabilizer import frames
+    from stabilizer import sampler as smp
+
+    prog = sampler.program
+    tables = sampler._layouts[(False, False, True)]  # (detectors, observables); filled by the timed calls
+    bits = [len(idx) for idx, _ in tables]
+    budget = sampler._budget_words()
+    words = smp.chunk_words(shots, budget)
+    n = min(shots, 32 * words)
+    key = jax.random.key(0)
+    run = lambda: jax.block_until_ready(frames.run_program(sampler._structure, sampler._tables, key, prog.num_qubits,
+                                                           prog.num_measurements, words, limits=sampler._limits))
+    record = run()
+    xor = lambda: jax.block_until_ready([smp.xor_rows(record, idx) for idx, _ in tables])
+    rows = xor()
+
+    def layout(packed: bool):
+        return jax.jit(lambda rows: [smp.shot_major(smp.transpose_words(r), b, n, packed) for r, b in zip(rows, bits)])
+
+    def transfer(arrays):  # a fresh device copy each time: an array caches its host copy
+        times = []
+        for _ in range(max(1, repeats)):
+            fresh = jax.block_until_ready([jnp.copy(x) for x in arrays])
+            t0 = time.perf_counter()
+            [np.asarray(x) for x in fresh]
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    stages = {"chunk_shots": n, "chunks": -(-shots // (32 * budget))}
+    stages["frames_s"] = _timed(run, repeats)[2]
+    stages["xor_s"] = _timed(xor, repeats)[2]
+    for packed, name in ((True, "packed"), (False, "bool")):
+        fn = layout(packed)
+        out, _, stages[f"transpose_{name}_s"], _ = _timed(lambda fn=fn: jax.block_until_ready(fn(rows)), repeats)
+        stages[f"transfer_{name}_s"] = transfer(out)
+        del out
+    return stages
+
+
+def custabilizer_surface(text: str, shots: int, repeats: int) -> dict:
+    """NVIDIA cuStabilizer's frame simulator (cuquantum.stabilizer, Python API as documented for cuQuantum
+    26.x): a fresh FrameSimulator per call (its tables start from zero frames), the circuit applied, the
+    bit-packed measurement-flip record taken as a CuPy array (device) or copied to the host."""
+    import inspect
+
+    import cupy as cp
+    import stim
+    from cuquantum.stabilizer import Circuit, FrameSimulator
+
+    c = stim.Circuit(text)
+    t0 = time.perf_counter()
+    circuit = Circuit(text)
+    out = {"compile_s": time.perf_counter() - t0, "shots": shots,
+           "version": getattr(__import__("cuquantum"), "__version__", None)}
+    takes_detectors = "num_detectors" in inspect.signature(FrameSimulator).parameters  # cuQuantum 26.09 on
+    extra = {"num_detectors": c.num_detectors} if takes_detectors else {}
+
+    def record(to_host: bool):
+        sim = FrameSimulator(c.num_qubits, shots, c.num_measurements, package="cupy", seed=1, **extra)
+        sim.apply(circuit)
+        bits = sim.get_measurement_bits(bit_packed=True)  # (measurements, shot bytes)
+        if to_host:
+            return cp.asnumpy(bits)
+        cp.cuda.get_current_stream().synchronize()
+        return bits
+
+    for mode, to_host in (("device", False), ("packed_host", True)):
+        result, first, best, times = _timed(lambda to_host=to_host: record(to_host), repeats)
+        out |= {f"{mode}_s": best, f"{mode}_first_s": first, f"{mode}_times": times}
+    flips = np.unpackbits(np.asarray(result)[:, :1250], axis=1, bitorder="little").T.astype(bool)[:min(shots, 10_000)]
+    dets, obs = c.compile_m2d_converter().convert(measurements=flips ^ c.reference_sample(), separate_observables=True)
+    return out | _rates(dets, obs) | {"rate_shots": len(flips)}
+
+
 def worker(spec: dict) -> dict:
     tool, kind = spec["tool"], spec["workload"]
     if kind == "surface":
-        text = surface_circuit_text(spec["d"], spec["p"])
-        shots = spec["shots"]
-        t0 = time.perf_counter()
-        sampler = _detector_sampler(tool, text)
-        compile_s = time.perf_counter() - t0
-
-        def run():
-            return sampler.sample(shots, separate_observables=True)
-
-        (dets, obs), first, best, times = _timed(run, spec["repeats"])
-        dets, obs = np.asarray(dets), np.asarray(obs)
-        return {"compile_s": compile_s, "first_s": first, "seconds": best, "times": times,
-                "detector_rate": float(dets.mean()), "observable_rate": float(obs.mean()),
-                "num_detectors": int(dets.shape[1]), "shots": shots}
+        return surface_worker(tool, spec)
     t0 = time.perf_counter()
     built = random_circuit(spec["n"], spec["depth"], spec["seed"], spec["measure_all"], text=not tool.startswith("ours"))
     build_s = time.perf_counter() - t0
@@ -180,14 +294,33 @@ def run_isolated(spec: dict, timeout: float) -> dict:
     return {**spec, "status": "ok", **json.loads(lines[-1][len("RESULT "):]), "wall_s": wall}
 
 
+def summary(r: dict) -> str:
+    """One line per record: the times of each output mode (surface) or of the run (random)."""
+    if r["workload"] == "surface":
+        head = f"surface  d={r['d']:<3d} shots={r['shots']:<8d} {r['tool']:12s}"
+        if r["status"] != "ok":
+            return f"{head} {r['status']}"
+        figs = [f"{mode} {r[mode + '_s'] * 1e3:.1f} ms" for mode in ("device", "packed_host", "bool_host")
+                if mode + "_s" in r]
+        stages = r.get("stages")
+        if stages:
+            figs.append(f"a chunk ({stages['chunk_shots']} shots, {stages['chunks']} in all): "
+                        + " ".join(f"{k[:-2]} {v * 1e3:.1f}" for k, v in stages.items() if k.endswith("_s")))
+        return f"{head} {', '.join(figs)}; rate {r['detector_rate']:.4f}"
+    head = f"random   n={r['n']:<8d} {r['tool']:12s}"
+    if r["status"] != "ok":
+        return f"{head} {r['status']}"
+    return f"{head} {r['seconds']:.3f} s (first {r['first_s']:.2f} s)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--workloads", default="surface,random")
-    ap.add_argument("--tools", default="ours,stim,quasarq")
-    ap.add_argument("--distances", default="5,11,13,17,21,25")
+    ap.add_argument("--tools", default="ours,stim,quasarq,custabilizer")
+    ap.add_argument("--distances", default="5,11,17,25")
     ap.add_argument("--p", type=float, default=1e-3)
-    ap.add_argument("--shots", type=float, default=1e5)
+    ap.add_argument("--shots", default="1e5,1e6", help="comma-separated shot counts (surface workload)")
     ap.add_argument("--qubits", default="1000,5000,20000,30000")
     ap.add_argument("--depth", type=int, default=100)
     ap.add_argument("--measure-all", action="store_true")
@@ -196,13 +329,18 @@ def main(argv=None):
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
+        try:
+            result = worker(json.loads(args.worker))
+        except ImportError as e:  # a peer that is not installed here
+            result = {"status": f"unavailable ({e})"}
+        print("RESULT " + json.dumps(result), flush=True)
         return
     import jax
 
     tools = args.tools.split(",")
     out = args.out or benchtools.default_out("stabilizer", jax.default_backend())
-    meta = benchtools.environment(("stim", "quasarq"))
+    meta = benchtools.environment(("stim", "quasarq", "cuquantum-python", "cuquantum-python-cu12",
+                                   "cuquantum-python-cu13"))
     meta["args"] = vars(args) | {"out": str(out)}
     records = []
 
@@ -213,20 +351,19 @@ def main(argv=None):
     specs = []
     if "surface" in args.workloads:
         for d in map(int, args.distances.split(",")):
-            specs += [{"tool": t, "workload": "surface", "d": d, "p": args.p, "shots": int(args.shots),
-                       "repeats": args.repeats} for t in tools]
+            for shots in (int(float(x)) for x in args.shots.split(",")):
+                specs += [{"tool": t, "workload": "surface", "d": d, "p": args.p, "shots": shots,
+                           "repeats": args.repeats} for t in tools]
     if "random" in args.workloads:
         for n in map(int, args.qubits.split(",")):
             specs += [{"tool": t, "workload": "random", "n": n, "depth": args.depth, "seed": 0,
-                       "measure_all": args.measure_all, "repeats": args.repeats} for t in tools]
+                       "measure_all": args.measure_all, "repeats": args.repeats}
+                      for t in tools if t != "custabilizer"]  # a frame simulator: no tableau workload
     for spec in specs:
         r = run_isolated(spec, args.timeout)
         records.append(r)
         save()
-        size = f"d={r['d']}" if r["workload"] == "surface" else f"n={r['n']}"
-        fig = (f"{r['seconds']:.3f} s (first {r['first_s']:.2f} s)" if r["status"] == "ok" else r["status"])
-        extra = f" rate {r['detector_rate']:.4f}" if r.get("detector_rate") is not None else ""
-        print(f"{r['workload']:8s} {size:8s} {r['tool']:8s} {fig}{extra}", flush=True)
+        print(summary(r), flush=True)
     print(f"wrote {out}")
 
 

@@ -4,6 +4,7 @@
     circ = st.Circuit(stim_text)                      # or st.Circuit(stim.Circuit(...))
     st.compile_sampler(circ, seed=0).sample(shots)    # (shots, num_measurements) bool
     st.compile_detector_sampler(circ, seed=0).sample(shots, separate_observables=True)
+    st.compile_detector_sampler(circ).sample(shots, bit_packed=True, on_device=True)  # jax.Arrays
     sim = st.TableauSimulator(seed=0); sim.do(circ); sim.measure(0); sim.current_measurement_record()
 
 Modules: `circuit` (Stim text), `tableau` (the packed inverse tableau and its pure rules), `simulator`

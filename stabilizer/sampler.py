@@ -4,10 +4,18 @@
 The circuit is lowered once (`stabilizer.program`); one noiseless reference shot runs it on the
 tableau (random outcomes taken as 0), then Pauli frames run it for all shots (`stabilizer.frames`),
 in chunks so that any number of shots fits in memory. Each is one compiled scan per circuit.
-Output layouts follow Stim: (shots, bits) of bool, or bit-packed uint8 rows (little-endian bits).
+
+Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
+with little-endian bits. They are built on the device from the record (rows of bits, shots along
+words): the output rows are XORs of record rows, then a bit transpose makes them shot-major, so the
+host receives the final array in one transfer, and `on_device=True` leaves it on the device (as
+`jax.Array`s) for pipelines that decode there. (Unpacking and transposing on the host took 87% of a
+d = 17 surface-code sample on an H100.)
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -40,10 +48,63 @@ def _reference(prog: _p.Program) -> np.ndarray:
     return np.asarray(rec, dtype=bool)
 
 
+# ---- the record (rows of bits, 32 shots a word) -> Stim's shot-major layouts ------------------------
+
 @jax.jit
-def _xor_rows(rows, idx):
-    """Parity of the listed rows for each output: rows (R, words) with a zero row last; idx (D, L)."""
+def xor_rows(rows, idx):
+    """Parity of the listed rows for each output: rows (R, words); idx (D, L), padded with a zero row."""
     return jax.lax.reduce(rows[idx], jnp.uint32(0), jax.lax.bitwise_xor, (1,))
+
+
+_SWAPS = [(16, 0x0000FFFF), (8, 0x00FF00FF), (4, 0x0F0F0F0F), (2, 0x33333333), (1, 0x55555555)]
+
+
+def transpose_words(rows):
+    """(R, words) uint32 -> (32 * words, ceil(R / 32)) uint32: word b of shot s holds rows 32b .. 32b + 31
+    of that shot, row 32b + j at bit j. Each 32 x 32 bit block is transposed by five rounds of masked
+    swaps between row pairs (Hacker's Delight 7-3), all on whole words."""
+    r, words = rows.shape
+    blocks = -(-r // 32)
+    a = jnp.pad(rows, ((0, 32 * blocks - r), (0, 0))).reshape(blocks, 32, words)
+    for shift, mask in _SWAPS:  # swap the high `shift` bits of row j with the low ones of row j + shift
+        pairs = a.reshape(blocks, 32 // (2 * shift), 2, shift, words)
+        lo, hi = pairs[:, :, 0], pairs[:, :, 1]
+        t = ((lo >> shift) ^ hi) & jnp.uint32(mask)
+        a = jnp.stack([lo ^ (t << shift), hi ^ t], axis=2).reshape(blocks, 32, words)
+    return a.transpose(2, 1, 0).reshape(32 * words, blocks)  # [shot word, bit in word, block]
+
+
+@partial(jax.jit, static_argnames=("bits", "shots", "bit_packed"))
+def shot_major(words, bits: int, shots: int, bit_packed: bool):
+    """Output of `transpose_words` -> the first `shots` shots of `bits` bits in Stim's layout: (shots, bits)
+    bool, or (shots, ceil(bits / 8)) uint8 with bit j of byte k holding bit 8k + j."""
+    words = words[:shots]
+    if bit_packed:
+        nbytes = words[:, :, None] >> jnp.arange(0, 32, 8, dtype=jnp.uint32)
+        return nbytes.astype(jnp.uint8).reshape(shots, -1)[:, :-(-bits // 8)]
+    unpacked = (words[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
+    return unpacked.astype(bool).reshape(shots, -1)[:, :bits]
+
+
+@partial(jax.jit, static_argnames=("bit_packed",))
+def _outputs(record, idx, invert, bit_packed: bool):
+    """XOR of record rows (idx, padded with the record's zero last row), flipped where invert, shot-major:
+    every shot of the chunk (32 * words), padding included, so that the compiled size follows the
+    chunk's bucketed word count, not the caller's shot count."""
+    rows = xor_rows(record, idx) ^ jnp.where(invert, ~jnp.uint32(0), jnp.uint32(0))[:, None]
+    return shot_major(transpose_words(rows), idx.shape[0], 32 * record.shape[1], bit_packed)
+
+
+@partial(jax.jit, donate_argnums=0)
+def _place(out, part, start):
+    """Write a chunk's rows into the device output, in place."""
+    return jax.lax.dynamic_update_slice(out, part, (start, 0))
+
+
+def _copy_into(outs, start, n, parts):
+    """Write a chunk's first n rows into the host outputs."""
+    for o, p in zip(outs, parts):
+        o[start:start + n] = np.asarray(p)[:n]
 
 
 def _index_table(lists: list[list[int]], zero_row: int) -> np.ndarray:
@@ -54,48 +115,91 @@ def _index_table(lists: list[list[int]], zero_row: int) -> np.ndarray:
     return idx
 
 
-def _unpack(words: jax.Array, shots: int) -> np.ndarray:
-    """(rows, words) uint32 -> (shots, rows) bool."""
-    a = np.asarray(words)
-    if a.shape[0] == 0:
-        return np.zeros((shots, 0), bool)
-    bits = np.unpackbits(np.ascontiguousarray(a).view(np.uint8), axis=1, bitorder="little")[:, :shots]
-    return bits.T.astype(bool)
-
-
-def _finish(bits: np.ndarray, bit_packed: bool) -> np.ndarray:
-    return np.packbits(bits, axis=1, bitorder="little") if bit_packed else bits
+def chunk_words(shots: int, budget: int) -> int:
+    """Words (of 32 shots) of the next chunk, capped by the power-of-two `budget`: a power of two up to
+    128 words, then a multiple of 128 rounded up to four significant bits (at most 1/8 of the work
+    wasted on padding shots, at most 8 compiled sizes per doubling of the shot count, and the Pallas
+    kernels can block every size)."""
+    words = -(-shots // 32)
+    if words <= 128:
+        return min(_p.bucket(words), budget)
+    step = max(128, 1 << (words.bit_length() - 4))
+    return min(-(-words // step) * step, budget)
 
 
 class _Sampler:
+    _out_rows: int  # rows of the widest output layout (each sampler sets it)
+
     def __init__(self, circuit, *, seed: int | None = None):
         self.circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
         self.program = _p.lowered(self.circuit)
         self._structure = self.program.structure()
-        self._tables = _p.device_tables(self.program)
+        tables = self.program.tables()
+        self._limits = _f.noise_limits(self._structure, tables)
+        with jax.enable_x64(True):  # float64 noise probabilities, whatever the global setting
+            self._tables = jax.tree_util.tree_map(jnp.asarray, tables)
         self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
         self._calls = 0
 
-    def _chunks(self, shots: int):
-        """Yield (shots in chunk, record flips (M + 1, words) with a zero last row) chunk by chunk."""
-        if not isinstance(shots, (int, np.integer)) or isinstance(shots, bool) or shots < 0:
-            raise ValueError(f"shots must be a non-negative int, got {shots!r}")
+    def _budget_words(self) -> int:
+        """Words (of 32 shots) in a full chunk: the largest power of two whose working set fits the chunk
+        budget: frames, record, dense noise draws (two 64-bit values a shot per slot), and the widest
+        output's rows (XOR rows, their transpose, packed output; a bool output adds 7 words a row).
+        It does not depend on the layout asked for, so a seed gives the same shots in every layout."""
         prog = self.program
-        per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + 100 * prog.width
-                        + len(prog.detectors) + len(prog.observables))
-        fit = max(1, _chunk_bytes() // per_word)
-        chunk_words = 1 << (fit.bit_length() - 1)
+        per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + 160 * prog.width + 3 * self._out_rows)
+        return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
+
+    def _plan(self, shots: int) -> list[tuple[int, int, int]]:
+        """(first shot, shots, words) of each chunk."""
+        budget, plan, done = self._budget_words(), [], 0
+        while done < shots:
+            words = chunk_words(shots - done, budget)
+            plan.append((done, min(32 * words, shots - done), words))
+            done += plan[-1][1]
+        return plan
+
+    def _records(self, plan):
+        """Yield (first shot, shots in chunk, record flips (M + 1, words), last row zero) chunk by chunk."""
+        prog = self.program
         self._calls += 1
         call_key = jax.random.fold_in(self._key, self._calls)
-        done = 0
-        while done < shots:
-            # a power-of-two number of words per chunk: calls with other shot counts reuse the compiles
-            words = min(_p.bucket(-(-(shots - done) // 32)), chunk_words)
-            n = min(32 * words, shots - done)
-            flips = _f.run_program(self._structure, self._tables, jax.random.fold_in(call_key, done),
-                                   prog.num_qubits, prog.num_measurements, words)
-            yield n, jnp.concatenate([flips, jnp.zeros((1, words), jnp.uint32)])
-            done += n
+        for start, n, words in plan:
+            record = _f.run_program(self._structure, self._tables, jax.random.fold_in(call_key, start), prog.num_qubits,
+                                    prog.num_measurements, words, limits=self._limits)
+            yield start, n, record
+
+    def _sample(self, shots: int, tables, bit_packed: bool, on_device: bool):
+        """One array per (idx, invert) of `tables`: those output rows of every shot, in Stim's layout."""
+        if not isinstance(shots, (int, np.integer)) or isinstance(shots, bool) or shots < 0:
+            raise ValueError(f"shots must be a non-negative int, got {shots!r}")
+        shapes = [(shots, -(-len(idx) // 8) if bit_packed else len(idx)) for idx, _ in tables]
+        dtype = np.uint8 if bit_packed else np.bool_
+        plan = self._plan(shots)
+        chunks = ((start, n, [_outputs(record, idx, invert, bit_packed) for idx, invert in tables])
+                  for start, n, record in self._records(plan))
+        if on_device:  # chunks (whole, padding shots included) go into one output each, cut to the shots once
+            if not plan:
+                return [jnp.zeros(s, dtype) for s in shapes]
+            padded = plan[-1][0] + 32 * plan[-1][2]
+            outs = None
+            for start, n, parts in chunks:
+                if len(plan) == 1:
+                    return [p[:shots] for p in parts]
+                outs = [_place(o, p, start) for o, p in
+                        zip(outs or [jnp.zeros((padded,) + p.shape[1:], dtype) for p in parts], parts)]
+            return [o[:shots] for o in outs]
+        outs = [np.empty(s, dtype) for s in shapes]
+        previous = None
+        for chunk in chunks:  # advancing the generator dispatches the next chunk before this one is copied
+            for p in chunk[2]:
+                p.copy_to_host_async()
+            if previous:
+                _copy_into(outs, *previous)
+            previous = chunk
+        if previous:
+            _copy_into(outs, *previous)
+        return outs
 
 
 class CompiledMeasurementSampler(_Sampler):
@@ -105,32 +209,41 @@ class CompiledMeasurementSampler(_Sampler):
         super().__init__(circuit, seed=seed)
         self.reference = (np.zeros(self.circuit.num_measurements, bool) if skip_reference_sample
                           else _reference(self.program))
+        m = self.program.num_measurements
+        self._table = (jnp.arange(m, dtype=jnp.int32)[:, None], jnp.asarray(self.reference))
+        self._out_rows = m
 
-    def sample(self, shots: int, *, bit_packed: bool = False) -> np.ndarray:
-        parts = [_unpack(rows[:-1], n) ^ self.reference for n, rows in self._chunks(shots)]
-        bits = np.concatenate(parts) if parts else np.zeros((0, self.circuit.num_measurements), bool)
-        return _finish(bits, bit_packed)
+    def sample(self, shots: int, *, bit_packed: bool = False, on_device: bool = False):
+        """Outcomes as Stim's sampler gives them: (shots, num_measurements) bool, or bit-packed uint8 rows.
+        on_device: return a `jax.Array` left on the device (not in Stim's API)."""
+        return self._sample(shots, [self._table], bit_packed, on_device)[0]
 
 
 class CompiledDetectorSampler(_Sampler):
     """`sample(shots)`: detection events (and observable flips), relative to the noiseless reference."""
 
+    def __init__(self, circuit, *, seed: int | None = None):
+        super().__init__(circuit, seed=seed)
+        self._layouts = {}  # (prepend, append, separate) -> the (index table, invert) of each output
+        self._out_rows = len(self.program.detectors) + 2 * len(self.program.observables)  # the widest layout
+
     def sample(self, shots: int, *, prepend_observables: bool = False, append_observables: bool = False,
-               separate_observables: bool = False, bit_packed: bool = False):
-        c, prog = self.circuit, self.program
-        zero = prog.num_measurements
-        det_idx = jnp.asarray(_index_table(prog.detectors, zero))
-        obs_idx = jnp.asarray(_index_table(prog.observables, zero))
-        dets, obs = [], []
-        for n, rows in self._chunks(shots):
-            dets.append(_unpack(_xor_rows(rows, det_idx), n) if prog.detectors else np.zeros((n, 0), bool))
-            obs.append(_unpack(_xor_rows(rows, obs_idx), n) if prog.observables else np.zeros((n, 0), bool))
-        d = np.concatenate(dets) if dets else np.zeros((0, c.num_detectors), bool)
-        o = np.concatenate(obs) if obs else np.zeros((0, c.num_observables), bool)
-        if separate_observables:
-            return _finish(d, bit_packed), _finish(o, bit_packed)
-        parts = ([o] if prepend_observables else []) + [d] + ([o] if append_observables else [])
-        return _finish(np.concatenate(parts, axis=1), bit_packed)
+               separate_observables: bool = False, bit_packed: bool = False, on_device: bool = False):
+        """Detection events as Stim's sampler gives them (the same keywords and layouts); on_device:
+        return `jax.Array`s left on the device (not in Stim's API)."""
+        if separate_observables and (prepend_observables or append_observables):
+            raise ValueError("Can't specify separate_observables=True with append_observables=True or "
+                             "prepend_observables=True")
+        layout = (prepend_observables, append_observables, separate_observables)
+        if layout not in self._layouts:
+            prog = self.program
+            dets, obs = prog.detectors, prog.observables
+            lists = [dets, obs] if separate_observables else [
+                (obs if prepend_observables else []) + dets + (obs if append_observables else [])]
+            self._layouts[layout] = [(jnp.asarray(_index_table(ix, prog.num_measurements)), jnp.zeros(len(ix), bool))
+                                     for ix in lists]
+        out = self._sample(shots, self._layouts[layout], bit_packed, on_device)
+        return tuple(out) if separate_observables else out[0]
 
 
 def compile_sampler(circuit, *, seed: int | None = None, skip_reference_sample: bool = False):

@@ -1,4 +1,5 @@
-"""Pauli frames (stabilizer/frames.py): the bit-sliced op rules equal the per-shot Pauli algebra."""
+"""Pauli frames (stabilizer/frames.py): the bit-sliced op rules equal the per-shot Pauli algebra, and
+the noise draws (sparse and dense) hit every bit position with the channel's probabilities."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_measurement_records_the_x_part_and_leaves_a_z_stabilizer(reset):
     rng = np.random.default_rng(1)
     c = _carry(rng, 3)
     row = _row(P.MEASURE, [(1, 2)], 2, rec=[0], reset=[reset], advance=1)
-    out = F._op_measure(c, row, jax.random.key(5))
+    out = F._op_measure(c, row, jax.random.key(5), limit=None)
     np.testing.assert_array_equal(np.asarray(out.record[0]), np.asarray(c.f.x[1]))
     assert int(out.base) == 1
     x_after = np.asarray(out.f.x[1])
@@ -75,19 +76,61 @@ def test_feedback_xors_the_recorded_flip():
     np.testing.assert_array_equal(np.asarray(out.f.z[0]) ^ np.asarray(c.f.z[0]), [0xF0F0F0F0, 0x1])
 
 
-def test_noise_events_have_their_probabilities():
-    """PAULI_CHANNEL_2 with distinct probabilities: each pair's frequency over 2**14 shots."""
-    probs = np.linspace(0.01, 0.05, 15)
-    probs /= probs.sum() / 0.6
+_PAULI_CHANNEL_2 = np.linspace(0.01, 0.05, 15) * 0.6 / np.linspace(0.01, 0.05, 15).sum()
+
+
+@pytest.mark.parametrize("probs", [_PAULI_CHANNEL_2, np.full(15, 0.3 / 15)], ids=["PAULI_CHANNEL_2", "DEPOLARIZE2"])
+@pytest.mark.parametrize("limit", [1.0, 0.0], ids=["sparse", "dense"])
+def test_pair_noise_events_have_their_probabilities(probs, limit):
+    """Each of the 15 two-qubit Paulis lands on a shot with its own probability (over 2**14 shots),
+    whether the draw is sparse (hits, then each hit's event) or dense."""
     c = _carry(np.random.default_rng(3), 3, words=512)
     c = c._replace(f=F.zeros(3, 512))
-    out = F._op_noise(c, _row(P.NOISE, [(0, 1)], 2, probs=tuple(probs)), jax.random.key(7))
+    op = jax.jit(lambda c, row, key: F._op_noise(c, row, key, limit=limit))
+    out = op(c, _row(P.NOISE, [(0, 1)], 2, probs=tuple(probs)), jax.random.key(7))
     xa, za, xb, zb = (_bits(a) for a in (out.f.x[0], out.f.z[0], out.f.x[1], out.f.z[1]))
     codes = xa | za << 1 | xb << 2 | zb << 3
     for k, (a, b) in enumerate(P.PAIRS):
         code = P._XBIT[a] | P._ZBIT[a] << 1 | P._XBIT[b] << 2 | P._ZBIT[b] << 3
         rate = np.mean(codes == code)
         assert abs(rate - probs[k]) < 5 * np.sqrt(probs[k] / codes.size), (a + b, rate, probs[k])
+    assert abs(np.mean(codes == 0) - (1 - probs.sum())) < 5 * np.sqrt(probs.sum() / codes.size)
+
+
+@pytest.mark.parametrize("limit", [F.SPARSE_MAX, 0.0], ids=["sparse", "dense"])
+def test_flips_hit_every_bit_position_with_probability_p(limit):
+    """Over 2**20 positions the rate is p (exactly, at 0 and 1), in every bit of the word and every row:
+    a gap or word-boundary error in the skipping would show as a biased bit or row."""
+    draw = jax.jit(lambda key, probs: F.noise_masks(key, probs, F.FLIP, (64, 512), limit)[0])
+    for p in (0.0, 1e-3, 0.4, 1.0):
+        bits = _bits(draw(jax.random.key(11), jnp.array([p])))  # (64 rows, 512 * 32 positions)
+        if p in (0.0, 1.0):
+            assert np.all(bits == p), p
+            continue
+        sigma = lambda n, p=p: np.sqrt(p * (1 - p) / n)
+        assert abs(bits.mean() - p) < 5 * sigma(bits.size), p
+        by_bit = bits.reshape(64, 512, 32).mean(axis=(0, 1))
+        assert np.all(np.abs(by_bit - p) < 5 * sigma(bits.size / 32)), (p, by_bit)
+        assert np.all(np.abs(bits.mean(axis=1) - p) < 5 * sigma(bits.shape[1])), (p, bits.mean(axis=1))
+
+
+def test_a_sparse_draw_that_runs_out_of_budget_stays_exact(monkeypatch):
+    """With room for only 4 hits at p = 0.3, the positions after the 4th hit are drawn densely: every one
+    of the 128 positions still flips with probability 0.3 (over 4096 draws), none twice as often."""
+    monkeypatch.setattr(F, "flip_budget", lambda bits, limit: 4)
+    draw = jax.jit(jax.vmap(lambda key: F.noise_masks(key, jnp.array([0.3]), F.FLIP, (4,), 1.0)[0]))
+    bits = _bits(draw(jax.random.split(jax.random.key(5), 4096)))  # (4096 draws, 128 positions)
+    rates = bits.mean(axis=0)
+    assert np.all(np.abs(rates - 0.3) < 5 * np.sqrt(0.21 / 4096)), rates
+
+
+def test_noise_limits_are_per_kind_and_sized_for_the_common_probability():
+    """One large probability does not size every sparse draw; kinds without noise draw nothing."""
+    text = "X_ERROR(0.001) 0 1\nREPEAT 50 {\n  DEPOLARIZE1(0.001) 0\n  M(0.01) 0\n}\nX_ERROR(0.3) 1\nM 1\nMPAD 0"
+    prog = P.lower(Circuit(text))
+    limits = F.noise_limits(prog.structure(), prog.tables())
+    assert limits[P.NOISE] == pytest.approx(0.001) and limits[P.MEASURE] == pytest.approx(0.01)
+    assert limits[P.GATE] is limits[P.CORRELATED] is limits[P.MPAD] is None
 
 
 def test_run_program_flips_only_where_noise_is():
@@ -95,7 +138,7 @@ def test_run_program_flips_only_where_noise_is():
     flips = F.run_program(prog.structure(), prog.tables(), jax.random.key(0), prog.num_qubits,
                           prog.num_measurements, 4)
     bits = _bits(flips)
-    assert bits.shape == (5, 128)
+    assert bits.shape == (6, 128) and not bits[5].any()  # the last row is the zero row
     assert np.all(bits[0] ^ bits[1])  # the X error flips qubit 1 relative to qubit 0 in every shot
     assert 0.3 < bits[0].mean() < 0.7  # the Bell pair's outcome is random per shot
     assert np.all(bits[2] == ~bits[0] & 1) and not bits[3:].any()  # MR resets: later MRs are noiseless

@@ -1,11 +1,16 @@
 """Samplers (stabilizer/sampler.py): outcome distributions and detector rates equal Stim's within
-sampling noise, noiseless codes never fire, and outputs follow Stim's layouts."""
+sampling noise, noiseless codes never fire, and outputs follow Stim's layouts: the bit-packed, bool
+and on-device outputs are the same shots, whatever the shot count and chunking."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import stabilizer.sampler as S
+from stabilizer import kernels
 from stabilizer.circuit import Circuit
 from stabilizer.sampler import (
     compile_detector_sampler,
@@ -93,12 +98,84 @@ def test_layouts_and_reproducibility():
     assert compile_sampler(c, seed=3).sample(0).shape == (0, c.num_measurements)
     with pytest.raises(ValueError, match="shots must be a non-negative int"):
         s.sample(-1)
+    with pytest.raises(ValueError, match="separate_observables"):
+        s.sample(10, separate_observables=True, append_observables=True)
+
+
+def _packbits(a):
+    return np.packbits(a, axis=1, bitorder="little")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "32-shot chunks"])
+def test_packed_and_device_outputs_are_the_bool_shots(chunked, monkeypatch):
+    """For a fixed seed, bit_packed=True is np.packbits(bools, bitorder="little") bit for bit and
+    on_device=True gives the same arrays, for shot counts that are not multiples of 8 or 32, in one
+    chunk or in 32-shot chunks (the last one partial), for the layouts of both samplers."""
+    if chunked:
+        monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 10)
+    c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
+    shots = 101 if chunked else 37
+    layouts = [{}, {"separate_observables": True}]
+    if not chunked:
+        layouts += [{"append_observables": True}, {"prepend_observables": True}]
+    for kw in layouts:
+        bools = compile_detector_sampler(c, seed=5).sample(shots, **kw)
+        packed = compile_detector_sampler(c, seed=5).sample(shots, bit_packed=True, **kw)
+        on_device = compile_detector_sampler(c, seed=5).sample(shots, bit_packed=True, on_device=True, **kw)
+        for b, p, d in zip(*(x if isinstance(x, tuple) else (x,) for x in (bools, packed, on_device))):
+            assert b.shape[0] == shots and b.dtype == bool and p.dtype == np.uint8
+            np.testing.assert_array_equal(p, _packbits(b))
+            np.testing.assert_array_equal(np.asarray(d), p)
+    bools = compile_sampler(c, seed=6).sample(shots)
+    assert bools.shape == (shots, c.num_measurements) and bools.any()
+    np.testing.assert_array_equal(compile_sampler(c, seed=6).sample(shots, bit_packed=True), _packbits(bools))
+    np.testing.assert_array_equal(np.asarray(compile_sampler(c, seed=6).sample(shots, on_device=True)), bools)
+
+
+def test_shot_counts_in_one_chunk_size_share_the_compiled_programs():
+    """37 and 50 shots take the same 2-word chunk: the second call compiles neither the frame program
+    nor the output layout (they are sized by the chunk, not the shot count)."""
+    c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
+    s = compile_detector_sampler(c, seed=1)
+    s.sample(37, bit_packed=True)
+    sizes = S._outputs._cache_size(), S._f._run_program._cache_size()
+    assert s.sample(50, bit_packed=True).shape[0] == 50
+    assert np.asarray(s.sample(61, bit_packed=True, on_device=True)).shape[0] == 61
+    assert (S._outputs._cache_size(), S._f._run_program._cache_size()) == sizes
+
+
+def test_chunks_cover_the_shots_with_little_padding_and_blockable_sizes():
+    """A chunk holds all the shots it can (up to the budget), wastes at most 1/8 beyond 1,024 words, and
+    its word count is one the Pallas kernels can block."""
+    for shots in [1, 31, 33, 4096, 4097, 10_000, 100_000, 1_000_000, 12_345_678]:
+        words = S.chunk_words(shots, 1 << 20)
+        assert 32 * words >= shots and kernels.block_words(words) is not None, shots
+        assert words <= 1024 or 32 * words <= shots * 9 / 8, shots
+        assert S.chunk_words(shots, 64) == min(words, 64)
+
+
+def test_outputs_are_shot_major_transposes_of_the_record():
+    """transpose_words + shot_major equal numpy's unpack-and-transpose of the record rows (70 rows: two
+    full 32-row blocks and a partial one), packed and not."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 2**32, (70, 3), dtype=np.uint32)
+    want = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little").T.astype(bool)[:90]
+    words = S.transpose_words(jnp.asarray(rows))
+    np.testing.assert_array_equal(np.asarray(S.shot_major(words, 70, 90, False)), want)
+    np.testing.assert_array_equal(np.asarray(S.shot_major(words, 70, 90, True)), _packbits(want))
+
+
+def test_samples_do_not_depend_on_the_global_x64_setting():
+    """The frame program runs under jax.enable_x64 either way: the same seed gives the same shots."""
+    c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
+    want = compile_detector_sampler(c, seed=9).sample(37)
+    with jax.enable_x64(False):
+        got = compile_detector_sampler(c, seed=9).sample(37)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_shots_beyond_one_chunk(monkeypatch):
     """Chunking: with a tiny per-chunk budget the shots come in many chunks and rates are unchanged."""
-    import stabilizer.sampler as S
-
     monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 10)
     c = Circuit("X_ERROR(0.25) 0\nM 0")
     bits = compile_sampler(c, seed=0).sample(5000)
