@@ -101,6 +101,17 @@ def _place(out, part, start):
     return jax.lax.dynamic_update_slice(out, part, (start, 0))
 
 
+def _start_host_copy(x: jax.Array) -> jax.Array:
+    """Start copying x to the host; read the result with np.asarray. On GPUs the copy goes to
+    page-locked host memory, which the DMA engine fills at bus speed (1.44 GB in 28 ms on an H100,
+    where np.asarray's pageable copy took 1.03 s, 2026-11-25); elsewhere it is the usual async copy."""
+    device = next(iter(x.devices()))
+    if device.platform == "gpu" and "pinned_host" in {m.kind for m in device.addressable_memories()}:
+        return jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+    x.copy_to_host_async()
+    return x
+
+
 def _copy_into(outs, start, n, parts):
     """Write a chunk's first n rows into the host outputs."""
     for o, p in zip(outs, parts):
@@ -151,13 +162,14 @@ class _Sampler:
         return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
 
     def _plan(self, shots: int) -> list[tuple[int, int, int]]:
-        """(first shot, shots, words) of each chunk."""
-        budget, plan, done = self._budget_words(), [], 0
-        while done < shots:
-            words = chunk_words(shots - done, budget)
-            plan.append((done, min(32 * words, shots - done), words))
-            done += plan[-1][1]
-        return plan
+        """(first shot, shots, words) of each chunk: the fewest chunks the budget allows, all of one size
+        (one compiled frame program a call; only the last chunk has padding shots)."""
+        if shots == 0:
+            return []
+        budget = self._budget_words()
+        count = -(-shots // (32 * budget))
+        words = chunk_words(-(-shots // count), budget)
+        return [(start, min(32 * words, shots - start), words) for start in range(0, shots, 32 * words)]
 
     def _records(self, plan):
         """Yield (first shot, shots in chunk, record flips (M + 1, words), last row zero) chunk by chunk."""
@@ -191,9 +203,8 @@ class _Sampler:
             return [o[:shots] for o in outs]
         outs = [np.empty(s, dtype) for s in shapes]
         previous = None
-        for chunk in chunks:  # advancing the generator dispatches the next chunk before this one is copied
-            for p in chunk[2]:
-                p.copy_to_host_async()
+        for start, n, parts in chunks:  # advancing the generator dispatches the next chunk before this one is copied
+            chunk = start, n, [_start_host_copy(p) for p in parts]
             if previous:
                 _copy_into(outs, *previous)
             previous = chunk

@@ -154,6 +154,19 @@ def test_chunks_cover_the_shots_with_little_padding_and_blockable_sizes():
         assert S.chunk_words(shots, 64) == min(words, 64)
 
 
+def test_a_call_runs_chunks_of_one_size(monkeypatch):
+    """However many chunks the budget makes, they share one word count (one compiled frame program a
+    call) and cover every shot once, in order."""
+    monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 16)
+    s = compile_detector_sampler(Circuit(_noisy("repetition_code:memory", 3, 0.05)), seed=0)
+    budget = s._budget_words()
+    for shots in [1, 32 * budget - 1, 32 * budget + 1, 5 * 32 * budget + 77, 40_000]:
+        plan = s._plan(shots)
+        assert len({words for _, _, words in plan}) == 1 and plan[0][2] <= budget, (shots, plan)
+        assert [start for start, _, _ in plan] == list(np.cumsum([0] + [n for _, n, _ in plan])[:-1])
+        assert sum(n for _, n, _ in plan) == shots and len(plan) <= -(-shots // (32 * budget))
+
+
 def test_outputs_are_shot_major_transposes_of_the_record():
     """transpose_words + shot_major equal numpy's unpack-and-transpose of the record rows (70 rows: two
     full 32-row blocks and a partial one), packed and not."""
