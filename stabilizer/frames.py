@@ -76,28 +76,42 @@ def flip_budget(bits: int, limit: float) -> int:
     return int(min(bits, math.ceil(mean + 8 * math.sqrt(mean) + 16)))
 
 
-def noise_masks(key, probs, codes: np.ndarray, shape: tuple, limit: float | None) -> jax.Array:
+class Draw(NamedTuple):
+    """How a program draws one op kind's noise (static): probabilities up to `sparse` by geometric
+    skipping (0: never), larger ones densely, code for which is compiled only where `dense`."""
+
+    sparse: float
+    dense: bool
+
+
+def noise_masks(key, probs, codes: np.ndarray, shape: tuple, draw: Draw | None) -> jax.Array:
     """(planes,) + shape uint32 masks: each of the 32 * prod(shape) bit positions takes, independently,
     event e with probability probs[e] (events are disjoint; none with the rest), and plane b holds bit b
     of the taken event's code (codes: static, nonzero).
 
-    A total probability of at most `limit` is drawn sparsely (`_sparse`, Stim's geometric skipping),
-    a larger one densely (`_dense`); limit None: the caller knows every probability is 0. Both are
-    exact to float64 rounding."""
+    A total probability of at most draw.sparse is drawn sparsely (`_sparse`, Stim's geometric
+    skipping), a larger one densely (`_dense`, which draw.dense must allow); draw None: the caller
+    knows every probability is 0. Both are exact to float64 rounding."""
     planes = int(codes.max()).bit_length()
     none = jnp.zeros((planes,) + shape, jnp.uint32)
-    if limit is None:
+    if draw is None:
         return none
     bits = 32 * math.prod(shape)
     total = jnp.cumsum(probs)[-1]
     k_sparse, k_dense = jax.random.split(key)
-    hits, start = none, jnp.where(total > 0, 0, bits).astype(jnp.int64)  # the dense draw covers [start, bits)
-    if limit > 0:
-        budget = flip_budget(bits, limit)
-        hits, start = lax.cond((total > 0) & (total <= limit), lambda: _sparse(k_sparse, probs, codes, shape, budget),
-                               lambda: (hits, start))
-    rest = lax.cond(start < bits, lambda: _dense(k_dense, probs, codes, shape) & _from(start, shape), lambda: none)
-    return hits | rest
+    hits = none
+    if draw.sparse > 0:
+        budget = flip_budget(bits, draw.sparse)
+        hits, start = lax.cond((total > 0) & (total <= draw.sparse),
+                               lambda: _sparse(k_sparse, probs, codes, shape, budget),
+                               lambda: (none, jnp.asarray(bits, jnp.int64)))
+        # the rest of a row after the budget ran out (below 1e-10 a draw), one row at a time: this
+        # branch almost never runs, but its buffers count in every chunk's memory
+        hits = hits | lax.cond(start < bits, lambda: _dense_by_rows(k_dense, probs, codes, shape) & _from(start, shape),
+                               lambda: none)
+    if draw.dense:
+        hits = hits | lax.cond(total > draw.sparse, lambda: _dense(k_dense, probs, codes, shape), lambda: none)
+    return hits
 
 
 def _planes(code, planes: int):
@@ -127,6 +141,15 @@ def _dense(key, probs, codes, shape):
     return _planes(jnp.asarray(np.append(codes, 0))[event], int(codes.max()).bit_length())
 
 
+def _dense_by_rows(key, probs, codes, shape):
+    """`_dense`, one row (leading index) at a time: the same distribution in 1/rows of the memory, for
+    the fallback that almost never runs but whose buffers every chunk's budget would have to hold."""
+    if len(shape) < 2:
+        return _dense(key, probs, codes, shape)
+    rows = lax.map(lambda k: _dense(k, probs, codes, shape[1:]), jax.random.split(key, shape[0]))
+    return jnp.moveaxis(rows, 0, 1)
+
+
 def _sparse(key, probs, codes, shape, budget: int):
     """Stim's geometric skipping with static shapes: the gaps between hit positions are Geometric(total),
     floor(log(1 - u) / log(1 - total)); `budget` gaps are drawn, each hit takes its event, and the hits
@@ -151,8 +174,9 @@ NOISY_KINDS = (MEASURE, NOISE, CORRELATED, MPAD)  # the op kinds that draw noise
 
 
 def noise_limits(structure, tables) -> tuple:
-    """Per op kind, the largest probability a lowered program (numpy tables) draws sparsely: None where
-    the kind draws nothing (every probability 0, or no such op), 0.0 where every draw is dense.
+    """Per op kind, how a lowered program (numpy tables) draws its noise (`Draw`: the largest
+    probability drawn sparsely, 0.0 where every draw is dense, and whether any is): None where the
+    kind draws nothing (every probability 0, or no such op).
 
     A sparse draw's budget, so its cost, follows the limit (about 2 * limit dense draws: 1/300 of one
     at 1e-3, 1/2 at 1/4, measured on a CPU), so one large probability should not size every draw: per
@@ -177,7 +201,8 @@ def noise_limits(structure, tables) -> tuple:
             return None
         cost = lambda limit: sum(n * (2 * limit if p <= limit else 1.0) for p, n in kind_runs.items())
         best = min([0.0] + [p for p in kind_runs if p <= SPARSE_MAX], key=cost)
-        return best * (1 + 1e-9)  # the device may sum the probabilities in another order
+        best *= 1 + 1e-9  # the device may sum the probabilities in another order
+        return Draw(best, any(p > best for p in kind_runs))
 
     return tuple(limit(r) for r in runs)
 
@@ -211,11 +236,11 @@ def _op_gate(c: _Carry, row, key, kernel: str = "jax") -> _Carry:
     return c._replace(f=Frames(x, z))
 
 
-def _op_measure(c: _Carry, row, key, limit: float | None) -> _Carry:
+def _op_measure(c: _Carry, row, key, draw: Draw | None) -> _Carry:
     q = row["q"][:, 0]
     k1, k2 = jax.random.split(key)
     xq, zq = c.f.x[q], c.f.z[q]
-    flips = xq ^ noise_masks(k1, row["probs"][:1], FLIP, xq.shape, limit)[0]
+    flips = xq ^ noise_masks(k1, row["probs"][:1], FLIP, xq.shape, draw)[0]
     scratch = c.record.shape[0] - 1
     record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
     r = random_bits(k2, xq.shape)
@@ -225,17 +250,17 @@ def _op_measure(c: _Carry, row, key, limit: float | None) -> _Carry:
     return c._replace(f=Frames(x, z), record=record, base=c.base + row["advance"])
 
 
-def _op_noise(c: _Carry, row, key, limit: float | None) -> _Carry:
+def _op_noise(c: _Carry, row, key, draw: Draw | None) -> _Carry:
     q0, q1 = row["q"][:, 0], row["q"][:, 1]
-    xa, za, xb, zb = noise_masks(key, row["probs"], PAIR_EVENTS, c.f.x[q0].shape, limit)
+    xa, za, xb, zb = noise_masks(key, row["probs"], PAIR_EVENTS, c.f.x[q0].shape, draw)
     active = row["active"][:, None]
     x = c.f.x.at[q0].set(c.f.x[q0] ^ xa).at[q1].set(c.f.x[q1] ^ jnp.where(active, xb, 0))
     z = c.f.z.at[q0].set(c.f.z[q0] ^ za).at[q1].set(c.f.z[q1] ^ jnp.where(active, zb, 0))
     return c._replace(f=Frames(x, z))
 
 
-def _op_correlated(c: _Carry, row, key, limit: float | None) -> _Carry:
-    fire = noise_masks(key, row["probs"][:1], FLIP, c.chain.shape, limit)[0]
+def _op_correlated(c: _Carry, row, key, draw: Draw | None) -> _Carry:
+    fire = noise_masks(key, row["probs"][:1], FLIP, c.chain.shape, draw)[0]
     fire, chain = (jnp.where(row["is_else"], fire & ~c.chain, fire), jnp.where(row["is_else"], c.chain | fire, fire))
     return _xor_slots(c, row, jnp.broadcast_to(fire, (row["q"].shape[0],) + fire.shape))._replace(chain=chain)
 
@@ -251,9 +276,9 @@ def _op_feedback(c: _Carry, row, key) -> _Carry:
     return _xor_slots(c, row, bits)
 
 
-def _op_mpad(c: _Carry, row, key, limit: float | None) -> _Carry:
+def _op_mpad(c: _Carry, row, key, draw: Draw | None) -> _Carry:
     shape = (row["rec"].shape[0], c.record.shape[1])
-    flips = noise_masks(key, row["probs"][:1], FLIP, shape, limit)[0]
+    flips = noise_masks(key, row["probs"][:1], FLIP, shape, draw)[0]
     scratch = c.record.shape[0] - 1
     record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
     return c._replace(record=record, base=c.base + row["advance"])
@@ -287,7 +312,7 @@ def _run_program(structure, tables, key, num_qubits, num_measurements, words, ke
     carry = carry._replace(f=Frames(carry.f.x, random_bits(jax.random.fold_in(key, 2**32 - 1), carry.f.z.shape)))
     ops = list(_OPS)
     for kind in NOISY_KINDS:
-        ops[kind] = partial(_OPS[kind], limit=limits[kind])
+        ops[kind] = partial(_OPS[kind], draw=limits[kind])
     # the frame kernel is not the default: XLA's fused rule was 10-20% faster on the surface-code
     # benchmark (H100, 2026-11-22, experiments/results/stabilizer_surface_h100_*.json, ours-kernel)
     ops[GATE] = partial(_op_gate, kernel=kernels.kernel_mode(kernel, words, on_gpu="jax"))

@@ -154,11 +154,16 @@ class _Sampler:
 
     def _budget_words(self) -> int:
         """Words (of 32 shots) in a full chunk: the largest power of two whose working set fits the chunk
-        budget: frames, record, dense noise draws (two 64-bit values a shot per slot), and the widest
+        budget: frames, record, an op's rows (`width` slots: gathered frames, random words, noise masks,
+        about 32 words a slot), dense noise draws where the program makes any (two 64-bit values a shot
+        per slot and event: 160 words a slot; sparse draws take a few words a hit), and the widest
         output's rows (XOR rows, their transpose, packed output; a bool output adds 7 words a row).
         It does not depend on the layout asked for, so a seed gives the same shots in every layout."""
         prog = self.program
-        per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + 160 * prog.width + 3 * self._out_rows)
+        dense = any(d is not None and d.dense for d in self._limits)
+        per_slot = 160 if dense else 32
+        per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + per_slot * prog.width + 160
+                        + 3 * self._out_rows)
         return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
 
     def _plan(self, shots: int) -> list[tuple[int, int, int]]:

@@ -58,7 +58,7 @@ def test_measurement_records_the_x_part_and_leaves_a_z_stabilizer(reset):
     rng = np.random.default_rng(1)
     c = _carry(rng, 3)
     row = _row(P.MEASURE, [(1, 2)], 2, rec=[0], reset=[reset], advance=1)
-    out = F._op_measure(c, row, jax.random.key(5), limit=None)
+    out = F._op_measure(c, row, jax.random.key(5), draw=None)
     np.testing.assert_array_equal(np.asarray(out.record[0]), np.asarray(c.f.x[1]))
     assert int(out.base) == 1
     x_after = np.asarray(out.f.x[1])
@@ -86,7 +86,7 @@ def test_pair_noise_events_have_their_probabilities(probs, limit):
     whether the draw is sparse (hits, then each hit's event) or dense."""
     c = _carry(np.random.default_rng(3), 3, words=512)
     c = c._replace(f=F.zeros(3, 512))
-    op = jax.jit(lambda c, row, key: F._op_noise(c, row, key, limit=limit))
+    op = jax.jit(lambda c, row, key: F._op_noise(c, row, key, draw=F.Draw(limit, dense=True)))
     out = op(c, _row(P.NOISE, [(0, 1)], 2, probs=tuple(probs)), jax.random.key(7))
     xa, za, xb, zb = (_bits(a) for a in (out.f.x[0], out.f.z[0], out.f.x[1], out.f.z[1]))
     codes = xa | za << 1 | xb << 2 | zb << 3
@@ -101,7 +101,7 @@ def test_pair_noise_events_have_their_probabilities(probs, limit):
 def test_flips_hit_every_bit_position_with_probability_p(limit):
     """Over 2**20 positions the rate is p (exactly, at 0 and 1), in every bit of the word and every row:
     a gap or word-boundary error in the skipping would show as a biased bit or row."""
-    draw = jax.jit(lambda key, probs: F.noise_masks(key, probs, F.FLIP, (64, 512), limit)[0])
+    draw = jax.jit(lambda key, probs: F.noise_masks(key, probs, F.FLIP, (64, 512), F.Draw(limit, dense=True))[0])
     for p in (0.0, 1e-3, 0.4, 1.0):
         bits = _bits(draw(jax.random.key(11), jnp.array([p])))  # (64 rows, 512 * 32 positions)
         if p in (0.0, 1.0):
@@ -114,22 +114,26 @@ def test_flips_hit_every_bit_position_with_probability_p(limit):
         assert np.all(np.abs(bits.mean(axis=1) - p) < 5 * sigma(bits.shape[1])), (p, bits.mean(axis=1))
 
 
-def test_a_sparse_draw_that_runs_out_of_budget_stays_exact(monkeypatch):
-    """With room for only 4 hits at p = 0.3, the positions after the 4th hit are drawn densely: every one
-    of the 128 positions still flips with probability 0.3 (over 4096 draws), none twice as often."""
+@pytest.mark.parametrize("shape", [(4,), (2, 2)], ids=["one row", "two rows"])
+def test_a_sparse_draw_that_runs_out_of_budget_stays_exact(monkeypatch, shape):
+    """With room for only 4 hits at p = 0.3, the positions after the 4th hit are drawn densely (row by
+    row where there are rows): every one of the 128 positions still flips with probability 0.3 (over
+    4096 draws), none twice as often. No dense code for larger probabilities is needed for that."""
     monkeypatch.setattr(F, "flip_budget", lambda bits, limit: 4)
-    draw = jax.jit(jax.vmap(lambda key: F.noise_masks(key, jnp.array([0.3]), F.FLIP, (4,), 1.0)[0]))
-    bits = _bits(draw(jax.random.split(jax.random.key(5), 4096)))  # (4096 draws, 128 positions)
+    draw = jax.jit(jax.vmap(lambda key: F.noise_masks(key, jnp.array([0.3]), F.FLIP, shape, F.Draw(1.0, False))[0]))
+    bits = _bits(draw(jax.random.split(jax.random.key(5), 4096)).reshape(4096, 4))  # (4096 draws, 128 positions)
     rates = bits.mean(axis=0)
     assert np.all(np.abs(rates - 0.3) < 5 * np.sqrt(0.21 / 4096)), rates
 
 
 def test_noise_limits_are_per_kind_and_sized_for_the_common_probability():
-    """One large probability does not size every sparse draw; kinds without noise draw nothing."""
+    """One large probability does not size every sparse draw (it is drawn densely, and only kinds that
+    have one hold dense code); kinds without noise draw nothing."""
     text = "X_ERROR(0.001) 0 1\nREPEAT 50 {\n  DEPOLARIZE1(0.001) 0\n  M(0.01) 0\n}\nX_ERROR(0.3) 1\nM 1\nMPAD 0"
     prog = P.lower(Circuit(text))
     limits = F.noise_limits(prog.structure(), prog.tables())
-    assert limits[P.NOISE] == pytest.approx(0.001) and limits[P.MEASURE] == pytest.approx(0.01)
+    assert limits[P.NOISE].sparse == pytest.approx(0.001) and limits[P.NOISE].dense
+    assert limits[P.MEASURE].sparse == pytest.approx(0.01) and not limits[P.MEASURE].dense
     assert limits[P.GATE] is limits[P.CORRELATED] is limits[P.MPAD] is None
 
 
