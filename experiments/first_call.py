@@ -3,8 +3,8 @@
 Each case runs in its own subprocess, twice: first with an empty persistent compilation cache
 (`PAULIPROP_CACHE_DIR` pointing at a new folder), then a second process on the cache the first one
 filled. Recorded per process: the import of pauliprop, the first call (lowering, tracing, compiling,
-running, the value copied to the host), a second call, and the number of XLA compilations the first
-call made (JAX's compile log; a cache hit is not a compilation).
+running, the value copied to the host), a second call, and the programs the first call compiled or
+took from the cache, with JAX's own times for tracing, lowering and compiling them (its compile log).
 
 Cases: random circuits of RX/RZ with `Param` angles, H and CX (seeded), the TFIM Hamiltonian
 (J = 1, h = 0.5) as the observable, untruncated or with min_abs_coeff 1e-4, and the exact state vector.
@@ -44,12 +44,21 @@ def worker(case: dict) -> dict:
     import pauliprop as pp
 
     out = {"import_s": time.perf_counter() - t0}
-    compiles = []
+    compiles, hits, stages = [], [], {"trace": 0.0, "lower": 0.0, "compile": 0.0}
 
-    class Count(logging.Handler):
+    class Count(logging.Handler):  # JAX logs a finished compilation for a cache hit too, and the hit
         def emit(self, record):
-            if "Finished XLA compilation" in record.getMessage():
-                compiles.append(record.getMessage())
+            message = record.getMessage()
+            seconds = float(message.rsplit(" in ", 1)[1].split()[0]) if message.endswith(" sec") else 0.0
+            if "Finished XLA compilation" in message:
+                compiles.append(message.split(" of ")[1].split(" in ")[0])
+                stages["compile"] += seconds
+            elif "Finished tracing" in message:
+                stages["trace"] += seconds
+            elif "Finished jaxpr to MLIR" in message:
+                stages["lower"] += seconds
+            elif "Persistent compilation cache hit" in message:
+                hits.append(message)
 
     logging.getLogger("jax").addHandler(Count())
     jax.config.update("jax_log_compiles", True)
@@ -74,12 +83,14 @@ def worker(case: dict) -> dict:
     kw = {"method": case["method"]}
     if case["truncated"]:
         kw["truncation"] = pp.Truncation(min_abs_coeff=1e-4)
+    compiles.clear(), hits.clear(), stages.update(trace=0.0, lower=0.0, compile=0.0)  # the call's own
     for name in ("first_call_s", "second_call_s"):
         t = time.perf_counter()
         value = float(pp.expectation(circuit, obs, params, **kw))
         out[name] = time.perf_counter() - t
         if name == "first_call_s":
-            out["compilations"] = len(compiles)
+            out |= {"programs": compiles[:], "compilations": len(compiles) - len(hits), "cache_hits": len(hits),
+                    "stages_s": dict(stages)}
     out["value"] = value
     out["exact"] = float(pp.expectation(circuit, obs, params, method="statevector"))
     return out
@@ -101,24 +112,41 @@ def run(case: dict, cache: str) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=int, default=5, help="fresh processes per case and cache state (default 5; "
+                    "the summary line gives their median)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
+    import numpy as np
+
     import benchtools
 
     records = []
     for name, qubits, gates, method, truncated in CASES:
         case = {"name": name, "qubits": qubits, "gates": gates, "method": method, "truncated": truncated}
-        with tempfile.TemporaryDirectory() as cache:
-            for process in ("empty cache", "second process"):
-                r = case | {"process": process} | run(case, cache)
-                records.append(r)
-                print(f"{name:42s} {process:15s} " + (
-                    f"import {r['import_s']:.2f} s, first call {r['first_call_s']:.3f} s ({r['compilations']} "
-                    f"compilations), second {r['second_call_s'] * 1e3:.1f} ms, |value - exact| "
-                    f"{abs(r['value'] - r['exact']):.1e}" if r["status"] == "ok" else r["status"]), flush=True)
+        runs = {"empty cache": [], "second process": []}
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory() as cache:
+                for process in runs:
+                    r = case | {"process": process} | run(case, cache)
+                    records.append(r)
+                    runs[process].append(r)
+        for process, rs in runs.items():
+            ok = [r for r in rs if r["status"] == "ok"]
+            if len(ok) < len(rs):
+                print(f"{name:42s} {process:15s} {[r['status'] for r in rs if r['status'] != 'ok']}")
+            if not ok:
+                continue
+            med = lambda f: float(np.median([f(r) for r in ok]))
+            print(f"{name:42s} {process:15s} median of {len(ok)}: import {med(lambda r: r['import_s']):.2f} s, "
+                  f"first call {med(lambda r: r['first_call_s']):.3f} s ({ok[0]['compilations']} compiled, "
+                  f"{ok[0]['cache_hits']} from the cache; trace {med(lambda r: r['stages_s']['trace']):.2f}, lower "
+                  f"{med(lambda r: r['stages_s']['lower']):.2f}, compile or load "
+                  f"{med(lambda r: r['stages_s']['compile']):.2f}), later call "
+                  f"{med(lambda r: r['second_call_s']) * 1e3:.1f} ms, |value - exact| <= "
+                  f"{max(abs(r['value'] - r['exact']) for r in ok):.1e}", flush=True)
     result = {"meta": benchtools.environment(()) | {"git": benchtools.git_state()}, "records": records}
     benchtools.write_result(result, args.out, "first_call", result["meta"]["jax_backend"])
 

@@ -27,6 +27,15 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 
 
+@pytest.fixture
+def several_rooms(monkeypatch):
+    """Buffers of test sizes with several rooms: pauliprop gives a buffer of at most
+    engine.ONE_ROOM_CAPACITY slots one room, so tests of the room paths lower that bound."""
+    from pauliprop import engine
+
+    monkeypatch.setattr(engine, "ONE_ROOM_CAPACITY", 256)
+
+
 try:
     from hypothesis import HealthCheck, settings
 

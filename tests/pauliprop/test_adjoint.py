@@ -72,6 +72,7 @@ def _unit_adjoint_mismatch(circuit, h, params, trunc, cap, seed=0):
     return low.units.length, worst
 
 
+@pytest.mark.usefixtures("several_rooms")
 @pytest.mark.parametrize("case", ["overflow", "max_terms", "max_weight"])
 def test_every_unit_backward_is_the_transpose_of_its_coefficient_map(case):
     """Also where a cut drops words and spawned words reuse their slots (capacity overflow,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pauliprop as pp
 from pauliprop import ansatz
@@ -28,6 +29,7 @@ def test_shared_reduces_over_the_batch_and_is_the_identity_outside_one():
     assert int(one) == 4 and bool(flag) and seen[-1] == 1
 
 
+@pytest.mark.usefixtures("several_rooms")
 def test_members_needing_different_rooms_and_cuts_each_get_their_own_estimate():
     """Zero angles split nothing, small angles a few words, large ones many (with max_terms cutting
     only there): the batch runs the largest room and the cut for all, and must equal the loop."""

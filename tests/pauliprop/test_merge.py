@@ -279,6 +279,7 @@ def test_pair_split_is_exact_under_fingerprint_collisions(cands, generator, angl
         _assert_same_terms(_terms(got, n, compacted=False), _terms(ref, n))
 
 
+@pytest.mark.usefixtures("several_rooms")
 @pytest.mark.parametrize("sizes", [dict(capacity=256), dict(initial_capacity=1024)])
 def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes):
     """End to end: a circuit propagated with the weak fingerprint equals the state vector. (Words of up

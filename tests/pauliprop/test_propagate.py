@@ -170,14 +170,14 @@ def test_bloch_vector_states_match_the_density_matrix(case, data):
 
 def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_exact():
     """A rotation gathers its splitting words in the smallest room that holds them (on CPUs C/64, C/8,
-    C/2 and C, rooms under 256 slots left out; on GPUs C/16 and C); with about 100 and 3,000-7,000
+    C/2 and C, rooms under 256 slots left out; on GPUs C/16 and C; up to 4,096 slots only C); with about 100 and 3,000-7,000
     splitting words the rotations below use several rooms, and the untruncated value still equals the
     state vector. (Small capacities, as in the other tests, have one room, C.)"""
     from pauliprop.engine import rooms_for
 
     assert rooms_for(1 << 15, "cpu") == (512, 4096, 16384, 32768)
     assert rooms_for(1 << 15, "gpu") == (2048, 32768)
-    assert rooms_for(1 << 10, "cpu") == (512, 1024)
+    assert rooms_for(1 << 12, "cpu") == rooms_for(1 << 12, "gpu") == (4096,)  # small buffers: one room
     assert rooms_for(64, "cpu") == rooms_for(64, "gpu") == (64,)
     rng = np.random.default_rng(3)
     n = 10
