@@ -62,6 +62,26 @@ def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():
         assert all(sched.count[i] == 127 for i in range(2, 41, 2)) and all(sched.dense[1::2])
 
 
+def test_equal_clifford_runs_are_composed_once(monkeypatch):
+    """The kicked Ising repeats one RZZ(-pi/2) layer: its map is composed once for the 20 steps and
+    reused by the next circuit of the sweep; another layer gets its own map; the stored map equals a
+    fresh composition and cannot be written to."""
+    monkeypatch.setattr(S, "_COMPOSED", {})
+    first = S.schedule(P.lower(models.kicked_ising(20, 0.3)), backend="gpu")
+    assert len(S._COMPOSED) == 1 and np.all(first.map_x[:20] == first.map_x[0])
+    again = S.schedule(P.lower(models.kicked_ising(20, 0.5)), backend="gpu")
+    assert len(S._COMPOSED) == 1 and np.array_equal(again.map_x, first.map_x)
+    c = models.kicked_ising(2, 0.3)
+    c.cx(0, 1)  # the last step's Clifford run now differs
+    S.schedule(P.lower(c), backend="gpu")
+    assert len(S._COMPOSED) == 2
+    m = next(iter(S._COMPOSED.values()))  # the RZZ layer's map
+    monkeypatch.setattr(S, "_COMPOSED", {})
+    fresh = S.schedule(P.lower(models.kicked_ising(1, 0.3)), backend="gpu")
+    assert np.array_equal(fresh.map_x[0], m.image_x) and np.array_equal(fresh.map_phase[0], m.phase)
+    assert not m.image_x.flags.writeable
+
+
 def test_a_params_value_never_changes_the_program():
     """RX(Param) at 0 and at pi/2 is a rotation (a fixed 0 or pi/2 is not): the same tables for
     every value, so a sweep over angles compiles once."""
