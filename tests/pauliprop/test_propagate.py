@@ -9,6 +9,7 @@ lanes, and its gradient must be the exact gradient.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import jax
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop import program as P
+from pauliprop import schedule as S
 
 from . import _reference as R
 from ._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
@@ -384,3 +386,30 @@ def test_with_x64_results_are_float64():
     h = pp.PauliSum.from_labels({"ZI": 1.0})  # CX leaves Z on the control alone: <Z0> = cos(a)
     val = pp.expectation(c, h, np.array([0.3]), capacity=64)
     assert val.dtype == np.float64 and abs(float(val) - math.cos(0.3)) < 1e-15
+
+
+def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
+    """An observable with duplicate words, a word over max_weight and one under min_abs_coeff is
+    merged and truncated before the loop (whose program then holds no merge code, unless amplitude
+    damping merges later): the value, the terms and the dropped norms equal those of the merge in the
+    loop (pp.expectation under jax.jit runs it there), untruncated equal to the state vector."""
+    PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+    n = 5
+    h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.5), ("X", [2], 0.25), ("ZZ", [0, 1], 0.25), ("XXXX", [0, 1, 2, 3], 0.3),
+                               ("Y", [4], 1e-6), ("X", [2], -0.125), ("ZX", [3, 4], 0.7)], n)
+    c = pp.Circuit(n).ry(0, pp.Param(0)).cx(0, 1).rx(2, pp.Param(1)).rzz(3, 4, pp.Param(2)).h(4)
+    p = jnp.asarray([0.3, -0.7, 1.1])
+    for trunc in (pp.Truncation(max_weight=3, min_abs_coeff=1e-4), pp.Truncation()):
+        val, stats = pp.expectation(c, h, p, truncation=trunc, capacity=256, return_stats=True)
+        in_loop, loop_stats = jax.jit(lambda q: pp.expectation(c, h, q, truncation=trunc, capacity=256,
+                                                                 return_stats=True))(p)
+        assert abs(float(val) - float(in_loop)) < 1e-12
+        np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(loop_stats.dropped_norm), atol=1e-12)
+        np.testing.assert_array_equal(np.asarray(stats.terms), np.asarray(loop_stats.terms))
+    exact = pp.expectation(c, h, p, method="statevector")
+    assert abs(float(val) - float(exact)) < 1e-10
+    assert float(np.asarray(loop_stats.dropped_norm).sum()) == 0
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    assert S.U_MERGE not in PR._config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
+    damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
+    assert S.U_MERGE in PR._config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
