@@ -317,15 +317,18 @@ def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
     return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
 
+def _room_branches(u, T, limits, cfg: Config, rotation) -> list:
+    """The rotation of unit u in each of cfg.rooms (`_split_in`), one switch branch a room."""
+    return [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation) for r in cfg.rooms]
+
+
 def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     """One rotation exp(-i a/2 G): its splitting words gathered into the smallest room that holds
     them, paired and mixed (merge.pair_split), then the largest-terms cut. (The loop runs the same
     steps with the room chosen in its own switch: apply_unit.)"""
     rotation = _rotation(buf, u, T, params)
     pick = _split_pick(_count(buf.live), rotation[3], cfg)
-    buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))]
-                           + [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation)
-                              for r in cfg.rooms], buf)
+    buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))] + _room_branches(u, T, limits, cfg, rotation), buf)
     return _cap(buf, limits.off_unless(~T["u_defer"][u]), cfg.capacity), need
 
 
@@ -380,8 +383,7 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
     branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != _s.U_SPLIT else noop_unit, u=u, **common)
                 for k in range(kinds)]
     if _s.U_SPLIT in cfg.units:
-        branches += [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation)
-                     for r in cfg.rooms]
+        branches += _room_branches(u, T, limits, cfg, rotation)
     buf, need = lax.switch(shared(index), [lambda b, f=f: f(b) for f in branches], buf)
     if _s.U_SPLIT in cfg.units:
         buf = _cap(buf, limits.off_unless(split & ~T["u_defer"][u]), cfg.capacity)

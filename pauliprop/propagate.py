@@ -147,7 +147,7 @@ def _params_array(params, num_params: int, dtype):
     return (jnp if _is_traced(p) else np).pad(p.astype(dtype), pad)
 
 
-def _initial_buffer(obs: PauliSum, capacity: int, dtype, batch: int | None = None) -> _e.Buffer:
+def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _e.Buffer:
     """The observable in a buffer of `capacity` slots (host arrays unless its coefficients are traced)."""
     t = len(obs)
     if t > capacity:
@@ -161,10 +161,7 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype, batch: int | None = Non
     else:
         coeffs = np.zeros(capacity, dtype)
         coeffs[:t] = np.asarray(obs.coeffs, dtype)
-    buf = _e.Buffer(words, coeffs, (np.arange(capacity) < t).astype(np.int32), np.zeros(5, dtype))
-    if batch is None:
-        return buf
-    return jax.tree_util.tree_map(lambda a: (jnp if _is_traced(a) else np).broadcast_to(a, (batch,) + a.shape), buf)
+    return _e.Buffer(words, coeffs, (np.arange(capacity) < t).astype(np.int32), np.zeros(5, dtype))
 
 
 def _grown(buf: _e.Buffer, capacity: int) -> _e.Buffer:
@@ -220,7 +217,7 @@ def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, l
     needs no merge code (about 1.3 s of the kicked Ising's 7 s compilation on the 2-core CPU), and
     this small program compiles in a fraction of that. The same function on the same words: the
     result is the one the loop's unit would give."""
-    small = 1 << max(6, int(math.ceil(math.log2(max(len(obs), 1)))))
+    small = _s.bucket(len(obs), 64)
     cfg = _config(low, truncation, small, stop, backend)
     return _merge_jit(cfg, backend)(low.device_tables(backend), _initial_buffer(obs, small, dtype), limits)
 
@@ -275,10 +272,10 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
     merged = _merged_observable(low, obs, truncation, limits, dtype, not fixed, backend)
-    buf = _grown(merged, cap)
+    buf = _grown(merged, cap)  # host arrays
+    unit_terms[0] = peak = int(np.sum(buf.meta & 1))
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
-    unit_terms[0] = peak = int(np.sum(np.asarray(merged.meta) & 1))
     start = 1
     while True:
         fwd = _forward_jit(_config(low, truncation, cap, not fixed, backend, merged=True), batch is not None, backend)

@@ -388,11 +388,14 @@ def pauli_expectations(psi, obs: PauliSum):
         raise ValueError(f"the observable acts on {n} qubits (2^{n} amplitudes) but the state has {np.size(psi)} amplitudes")
     if len(obs) == 0:  # an empty sum (words.unpack_bits cannot reshape a (0, W) array)
         return jnp.zeros(0)
-    psi = jnp.reshape(psi, -1)
-    masks = observable_masks(obs, index_type(n))
+    return _expectations(jnp.reshape(psi, -1), _padded_masks(obs, index_type(n)))[:len(obs)]
+
+
+def _padded_masks(obs: PauliSum, itype) -> tuple:
+    """`_masks` padded with identities to a power of two (at least 8): one program per bucket of terms."""
     size = max(8, 1 << (len(obs) - 1).bit_length())
-    masks = tuple(jnp.pad(m, (0, size - len(obs)), constant_values=1 if k == 2 else 0) for k, m in enumerate(masks))
-    return _expectations(psi, masks)[:len(obs)]
+    return tuple(np.pad(m, (0, size - len(obs)), constant_values=1 if k == 2 else 0)
+                 for k, m in enumerate(_masks(obs, itype)))
 
 
 @jax.jit
@@ -419,29 +422,21 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0", 
                          f"amplitudes) but the state has {2**n} amplitudes")
     check_size(n, dtype)
     require_params(circuit, params)
-    width = max(n, 2)
-    kets = np.concatenate([product_kets(state, n), np.tile([[1, 0]], (width - n, 1))]).astype(dtype)
-    table = gate_table(circuit, width, padded_length(len(circuit.instructions)))
-    real = jnp.finfo(dtype).dtype
     coeffs = observable.coeffs
     if len(observable) == 0:
         return jnp.zeros((), jnp.result_type(coeffs))
-    size = max(8, 1 << (len(observable) - 1).bit_length())
-    xmask, zmask, phase = _masks(observable, np.dtype(index_type(width)))
-    pad = lambda a, fill: np.pad(a, (0, size - len(observable)), constant_values=fill)
-    masks = (pad(xmask, 0), pad(zmask, 0), pad(phase, 1))
-    if isinstance(coeffs, jax.core.Tracer):
-        coeffs = jnp.pad(coeffs, (0, size - len(observable)))
-    else:
-        coeffs = pad(np.asarray(coeffs), 0)
-    return _reference_expectation(table, parameter_values(params, real), kets, masks, coeffs)
+    width = max(n, 2)
+    kets = np.concatenate([product_kets(state, n), np.tile([[1, 0]], (width - n, 1))]).astype(dtype)
+    table = gate_table(circuit, width, padded_length(len(circuit.instructions)))
+    masks = _padded_masks(observable, index_type(width))
+    extra = (0, masks[0].shape[0] - len(observable))
+    coeffs = jnp.pad(coeffs, extra) if isinstance(coeffs, jax.core.Tracer) else np.pad(np.asarray(coeffs), extra)
+    return _reference_expectation(table, parameter_values(params, jnp.finfo(dtype).dtype), kets, masks, coeffs)
 
 
 @jax.jit
 def _reference_expectation(table: GateTable, values, kets, masks, coeffs):
     """sum_t coeffs_t <psi|P_t|psi>, psi = the table's gates on the product state of `kets` (row q:
     qubit q; qubits past the circuit's are |0>)."""
-    psi = product_state(kets, range(kets.shape[0] - 1, -1, -1), kets.dtype).reshape(-1)
-    j = jax.lax.iota(masks[0].dtype, psi.shape[0])
-    psi = run_gates(j, gate_rows(table, values, psi.dtype, j.dtype), psi)
+    psi = _run_reference(table, values, product_state(kets, range(kets.shape[0] - 1, -1, -1), kets.dtype).reshape(-1))
     return jnp.sum(coeffs * _expectations(psi, masks).astype(coeffs.dtype))
