@@ -214,13 +214,15 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
 
 def _pivot(g):
     """One site bit of G (its lowest): (lane of the packed word, mask). P and P xor G differ there, so
-    'that bit is 0' picks one member of every pair {P, P xor G}."""
+    'that bit is 0' picks one member of every pair {P, P xor G}. g: (2W,), or (M, 2W) (one a word)."""
     gx, gz = halves(g)
-    w = gx.shape[0]
+    w = gx.shape[-1]
     site = gx | gz
-    lane = jnp.argmax(site != 0)
-    mask = site[lane] & (~site[lane] + jnp.uint32(1))
-    return jnp.where((gx[lane] & mask) != 0, lane, lane + w), mask
+    lane = jnp.argmax(site != 0, axis=-1)
+    bits = jnp.take_along_axis(site, lane[..., None], axis=-1)[..., 0]
+    mask = bits & (~bits + jnp.uint32(1))
+    in_x = (jnp.take_along_axis(gx, lane[..., None], axis=-1)[..., 0] & mask) != 0
+    return jnp.where(in_x, lane, lane + w), mask
 
 
 def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
@@ -248,6 +250,8 @@ COLLIDED = -1  # pair_split's "slots needed" when it met a fingerprint collision
 def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, room: int, stop: bool = False,
                exact: bool = False, fits: bool = False, report_collisions: bool = False):
     """Rotation exp(-i a/2 G) on a buffer of distinct live words, touching only the splitting words.
+    g (2W,), cos and sin (scalars): one rotation. Or one a slot (g (C, 2W), cos and sin (C,)): each
+    word P turns by its own generator, where P and P xor G have the same one (engine.layer_unit).
 
     A word P that anticommutes with G (`ac`) keeps cos * c and feeds sin * sign * c to P xor G, which
     also anticommutes with G: so every merge happens inside the splitting set A. Sorting A (at most
@@ -273,8 +277,12 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     valid = src < cap
     s = jnp.minimum(src, cap - 1)
     pw = words[s]
+    each = g.ndim == 2  # a generator (and angle) for every word
+    if each:
+        g, cos, sin = g[s], cos[s], sin[s]
     lane, mask = _pivot(g)
-    flip = (pw[:, lane] & mask) != 0
+    at_lane = jnp.take_along_axis(pw, lane[:, None], axis=1)[:, 0] if each else pw[:, lane]
+    flip = (at_lane & mask) != 0
     qw = jnp.where(flip[:, None], pw ^ g, pw)  # canonical member
     order, same_key = order_words(qw, valid, exact)
 
@@ -297,6 +305,8 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
             order, pw, valid, pair_next = lax.cond(collision, lambda: in_order(_exact_order(qw, valid)),
                                                    lambda: sorted_)
     src = src[order]
+    if each:
+        g, cos, sin = g[order], cos[order], sin[order]
     at = jnp.where(valid, src, cap)
     pc, pm = coeffs[jnp.minimum(src, cap - 1)], meta[jnp.minimum(src, cap - 1)]
     ps = sins_of(pm)

@@ -70,21 +70,22 @@ class Lowered(NamedTuple):
         return self.on_device[backend]
 
 
-def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = None) -> Lowered:
+def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = None, layers: bool = False) -> Lowered:
     """The circuit's program, steps, units and tables for this truncation's semantics (cached on the
-    circuit until it changes)."""
+    circuit until it changes). layers: a layer of rotations is one unit (engine.layer_unit)."""
     backend = backend or jax.default_backend()
     weight_each = truncation.per == "gate" and truncation.max_weight is not None
-    key = (len(circuit.instructions), truncation.per, weight_each, backend)
+    key = (len(circuit.instructions), truncation.per, weight_each, backend, layers)
     cache = getattr(circuit, "_program_cache", None)
     if not isinstance(cache, dict):
         cache = circuit._program_cache = {}
     if key not in cache:
         prog = _p.lower(circuit)
         sched = _s.schedule(prog, weight_each_gate=weight_each, backend=backend)
-        units = _s.units(sched, truncation.per)
+        units = _s.units(sched, truncation.per, layers=layers)
         tables = {**_s.padded(sched), **_s.padded_units(units), "num_units": np.int32(units.length)}
-        cache.clear()
+        for old in [k for k in cache if k[0] != key[0]]:  # lowered before the circuit grew
+            del cache[old]
         cache[key] = Lowered(prog, sched, units, tables, {})
     return cache[key]
 
@@ -259,7 +260,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
            initial_capacity, table):
     """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed."""
     backend = jax.default_backend()
-    low = lowered(circuit, truncation, backend)
+    low = lowered(circuit, truncation, backend, layers=_e.layers_for(backend, truncation))
     dtype = jnp.result_type(float)
     p = _params_array(params, circuit.num_params, dtype)
     batch = p.shape[0] if p.ndim == 2 else None

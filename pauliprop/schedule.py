@@ -309,8 +309,8 @@ def padded(s: Schedule, minimum: int = MIN_BUCKET) -> dict:
 
 # ---- units: what one iteration of the engine's loop applies --------------------------------------------
 
-U_MERGE, U_CLIFFORD, U_SPLIT, U_CHANNEL, U_TRUNCATE, U_NOOP = range(6)
-UNIT_NAMES = ("merge", "clifford", "split", "channel", "truncate", "noop")
+U_MERGE, U_CLIFFORD, U_SPLIT, U_CHANNEL, U_TRUNCATE, U_NOOP, U_LAYER = range(7)
+UNIT_NAMES = ("merge", "clifford", "split", "channel", "truncate", "noop", "layer")
 
 
 class Units(NamedTuple):
@@ -328,12 +328,13 @@ class Units(NamedTuple):
         return int(self.kind.shape[0])
 
 
-def units(s: Schedule, per: str = "gate") -> Units:
+def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
     """The schedule's steps as loop iterations.
 
-    A LAYER step is one SPLIT unit per rotation. With per="layer", the rules wait for the end of
-    each step: SPLIT units defer them, and a TRUNCATE unit applies them to the whole buffer after
-    the step's last rotation.
+    A LAYER step is one SPLIT unit per rotation, or with `layers` one LAYER unit for all of them
+    (engine.layer_unit: the same result, in a few passes over the buffer). With per="layer", the
+    rules wait for the end of each step: the rotations defer them, and a TRUNCATE unit applies them
+    to the whole buffer after the step's last rotation.
     """
     kind, start, count, dense, defer = [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
@@ -358,8 +359,11 @@ def units(s: Schedule, per: str = "gate") -> Units:
             add(U_CHANNEL, st, c, ops=ops)
         else:
             deferred = per == "layer" and c > 1
-            for j in range(c):
-                add(U_SPLIT, st + j, 1, df=deferred, ops=(int(s.rot_op[st + j]),))
+            if layers and c > 1:
+                add(U_LAYER, st, c, df=deferred, ops=ops)
+            else:
+                for j in range(c):
+                    add(U_SPLIT, st + j, 1, df=deferred, ops=(int(s.rot_op[st + j]),))
             if deferred:
                 add(U_TRUNCATE, 0, 0, ops=ops)
     return Units(np.array(kind, np.int32), np.array(start, np.int32), np.array(count, np.int32),

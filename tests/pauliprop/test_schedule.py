@@ -45,11 +45,20 @@ def test_every_row_is_in_one_step_of_its_kind(data):
     for a, b in zip(sched.kind[:-1], sched.kind[1:]):
         assert not (a == b and a in (S.CLIFFORD, S.CHANNEL))
     # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer
+    # with layers=True a multi-rotation layer is one LAYER unit over its rotations, read after it (or
+    # after its truncation, per layer)
     for per in ("gate", "layer"):
-        u = S.units(sched, per)
-        assert u.unit_of_op.shape == (prog.length,) and np.all(u.unit_of_op < u.length)
-        layers = sum(1 for k, c in zip(sched.kind, sched.count) if k == S.LAYER and c > 1)
-        assert int(np.sum(u.kind == S.U_TRUNCATE)) == (layers if per == "layer" else 0)
+        layers = [i for i, (k, c) in enumerate(zip(sched.kind, sched.count)) if k == S.LAYER and c > 1]
+        for as_layers in (False, True):
+            u = S.units(sched, per, layers=as_layers)
+            assert u.unit_of_op.shape == (prog.length,) and np.all(u.unit_of_op < u.length)
+            assert int(np.sum(u.kind == S.U_TRUNCATE)) == (len(layers) if per == "layer" else 0)
+            assert int(np.sum(u.kind == S.U_LAYER)) == (len(layers) if as_layers else 0)
+            rotations = int(sum(c for k, c in zip(sched.kind, sched.count) if k == S.LAYER))
+            assert int(np.sum(u.count[u.kind == S.U_LAYER]) + np.sum(u.kind == S.U_SPLIT)) == rotations
+            for i in (layers if as_layers else ()):
+                unit = {int(u.unit_of_op[r]) for r in sched.step_ops[i]}
+                assert len(unit) == 1 and u.kind[unit.pop()] == (S.U_LAYER if per == "gate" else S.U_TRUNCATE)
 
 
 def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():
