@@ -1,7 +1,8 @@
 """The propagation loop: the schedule's units applied to a fixed-capacity term buffer.
 
 `run` is one `lax.while_loop` over the units of `schedule.units` (MERGE, CLIFFORD, SPLIT, CHANNEL,
-TRUNCATE), each a branch of one `lax.switch`. Everything that describes the circuit, the
+TRUNCATE, and on GPUs LAYER: a layer of rotations in a few passes, `layer_unit`), each a branch of
+one `lax.switch`. Everything that describes the circuit, the
 observable, the parameters, the truncation values and the initial state is data; what is static
 (`Config`) is the capacity, which rules exist, the truncation semantics and the backend's variant.
 So one compiled program serves every circuit whose tables fall in the same buckets, and the
