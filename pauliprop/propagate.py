@@ -166,8 +166,11 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _e.Buffer:
 
 
 def _grown(buf: _e.Buffer, capacity: int) -> _e.Buffer:
-    """The buffer in `capacity` slots (on the host: no program to compile for the copy)."""
+    """The buffer in `capacity` slots (padded on the host: no program to compile for the copy); a
+    buffer of that size as it is (device arrays stay on the device)."""
     axis = np.ndim(buf.coeffs) - 1
+    if np.shape(buf.coeffs)[axis] == capacity:
+        return buf
 
     def grow(a):
         a = np.asarray(a)
@@ -207,13 +210,16 @@ def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, 
 
 @functools.cache
 def _merge_jit(cfg: _e.Config, backend: str):
-    merge = lambda T, buf, limits: _e.merge_unit(buf, 0, T, None, limits, cfg)[0]
+    def merge(T, buf, limits):
+        out = _e.merge_unit(buf, 0, T, None, limits, cfg)[0]
+        return out, jnp.sum(out.live, dtype=jnp.int32)
+
     return jax.jit(merge, compiler_options=compiler_options(backend, cfg.capacity))
 
 
 def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype, stop: bool,
-                       backend: str) -> _e.Buffer:
-    """The loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
+                       backend: str) -> tuple[_e.Buffer, jax.Array]:
+    """(buffer, live words): the loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
     in the merge's order), run alone on a buffer of the observable's size: the loop's program then
     needs no merge code (about 1.3 s of the kicked Ising's 7 s compilation on the 2-core CPU), and
     this small program compiles in a fraction of that. The same function on the same words: the
@@ -272,21 +278,24 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
-    merged = _merged_observable(low, obs, truncation, limits, dtype, not fixed, backend)
-    buf = _grown(merged, cap)  # host arrays
-    unit_terms[0] = peak = int(np.sum(buf.meta & 1))
+    merged, live = _merged_observable(low, obs, truncation, limits, dtype, not fixed, backend)
+    buf = _grown(merged, cap)
+    peak = 0
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
     start = 1
     while True:
         fwd = _forward_jit(_config(low, truncation, cap, not fixed, backend, merged=True), batch is not None, backend)
         buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
-        stop = int(np.asarray(prog.unit).reshape(-1)[0])
-        need = int(np.max(np.asarray(prog.need)))
-        terms = np.asarray(prog.unit_terms)
+        # one wait for the device, whose copies overlap
+        unit, needs, terms, peaks, dropped, live = jax.device_get((prog.unit, prog.need, prog.unit_terms, prog.peak,
+                                                                  buf.dropped, live))
+        unit_terms[0] = live
+        stop = int(np.reshape(unit, -1)[0])
+        need = int(np.max(needs))
         terms = terms.max(axis=0) if terms.ndim == 2 else terms
         unit_terms[start:] = terms[start:]
-        peak = max(peak, int(np.max(np.asarray(prog.peak))))
+        peak = max(peak, int(live), int(np.max(peaks)))
         if need == 0:
             break
         grown = _next_capacity(cap, need)
@@ -298,7 +307,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         buf = _grown(buf, cap)
         start = stop
     terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
-    dropped = np.asarray(buf.dropped)  # host arithmetic: no small programs to compile for the stats
+    # dropped: host arithmetic, no small programs to compile for the stats
     stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=dropped[..., 4] > 0,
                              capacity=cap, max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
     _warn_overflow(stats.overflow, stats.dropped_norm[..., 4], cap)
@@ -332,8 +341,15 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
         return _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity)
     buf, stats, _ = _drive(circuit, observable, params, truncation, capacity, max_capacity, initial_capacity,
                            np.ones((32 * observable.num_lanes, 4)))
-    out = PauliSum(jnp.asarray(buf.x), jnp.asarray(buf.z), jnp.where(buf.live, buf.coeffs, 0), observable.num_qubits)
+    out = PauliSum(*_as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits)
     return out, stats
+
+
+@jax.jit
+def _as_sum(words, coeffs, meta):
+    """(x, z, coeffs with dead slots 0) of a buffer: one dispatch, not one per array."""
+    b = _e.Buffer(words, coeffs, meta, None)
+    return b.x, b.z, jnp.where(b.live, coeffs, 0)
 
 
 def _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity):
