@@ -413,3 +413,21 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     assert S.U_MERGE not in PR._config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
     damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
     assert S.U_MERGE in PR._config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
+
+
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_a_buffer_grows_the_same_on_the_device_and_on_the_host(batch):
+    """GPUs pad a device buffer on the device (propagate._pad_slots), CPUs and host arrays on the
+    host (propagate._grown): the same slots, zeros after the old ones, the dropped norms untouched."""
+    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop import engine
+
+    rng = np.random.default_rng(0)
+    buf = engine.Buffer(rng.integers(0, 2**32, batch + (8, 4), dtype=np.uint32), rng.normal(size=batch + (8,)),
+                        rng.integers(0, 7, batch + (8,)).astype(np.int32), rng.normal(size=batch + (5,)))
+    host = PR._grown(buf, 32)
+    device = PR._pad_slots(jax.tree_util.tree_map(jnp.asarray, buf), 32)
+    for h, d in zip(host, device):
+        np.testing.assert_array_equal(np.asarray(h), np.asarray(d))
+    assert host.coeffs.shape == batch + (32,) and not np.any(np.asarray(host.meta)[..., 8:])
+    assert PR._grown(buf, 8) is buf
