@@ -216,11 +216,12 @@ class Circuit:
 
     # ---- import ----------------------------------------------------------------------------------
     @classmethod
-    def from_qasm(cls, text: str) -> "Circuit":
-        """Parse OpenQASM 2.0 (qelib1.inc) or the OpenQASM 3 gate subset (needs the `qasm` extra)."""
+    def from_qasm(cls, text: str, params=None) -> "Circuit":
+        """Parse OpenQASM 2.0 (qelib1.inc) or the OpenQASM 3 gate subset (needs the `qasm` extra);
+        params: values of OpenQASM 3 `input` parameters (by name, or in the order of their names)."""
         from .qasm import circuit_from_qasm
 
-        return circuit_from_qasm(text)
+        return circuit_from_qasm(text, params)
 
     @classmethod
     def from_qiskit(cls, qc) -> "Circuit":

@@ -8,6 +8,7 @@ conversions below take care of it.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 import jax
@@ -89,6 +90,48 @@ class PauliSum:
             if len(lab) != n:
                 raise ValueError(f"label '{lab}' has {len(lab)} letters, expected {n}")
             terms.append((lab, list(range(n)), c))
+        return cls.from_list(terms, n)
+
+    @classmethod
+    def from_text(cls, text: str, num_qubits: int | None = None) -> "PauliSum":
+        """From a written sum such as "Z0 Z1 + 0.5 X2 - 2e-3 * Y0 Z7" (a term: an optional
+        coefficient, then Pauli letters with their qubit, separated by spaces or '*'; a lone number is
+        that multiple of the identity). num_qubits: the register (default: the largest qubit + 1).
+        Errors name the character or the term at fault."""
+        if not isinstance(text, str):
+            raise TypeError(f"expected the observable as text, got {type(text).__name__}")
+        terms, pos = [], 0
+        while True:
+            sign, pos = _sign(text, pos, first=not terms)
+            coeff, letters, qubits, start = 1.0, "", [], pos
+            number = _NUMBER.match(text, pos)
+            if number:
+                coeff, pos = float(number.group(1)), _skip_times(text, number.end())
+            while True:
+                factor = _FACTOR.match(text, pos)
+                if not factor:
+                    break
+                q = int(factor.group(2))
+                if q in qubits:
+                    raise ValueError(f"observable: qubit {q} appears twice in the term "
+                                     f"'{text[start:factor.end()].strip()}'")
+                letters, qubits, pos = letters + factor.group(1).upper(), qubits + [q], _skip_times(text, factor.end())
+            if not number and not letters:
+                found = text[pos:].strip()
+                raise ValueError(f"observable: expected a term at character {pos + 1}"
+                                 + (f", found '{found[:12]}'" if found else " (the text ends)"))
+            terms.append((letters, qubits, sign * coeff))
+            if pos >= len(text.rstrip()) and not text[pos:].strip():
+                break
+            if text[pos:].lstrip()[:1] not in "+-":
+                at = pos + len(text[pos:]) - len(text[pos:].lstrip())
+                raise ValueError(f"observable: unexpected '{text[at]}' at character {at + 1} "
+                                 "(terms are joined by + or -, factors look like X0, Z12)")
+        n = num_qubits if num_qubits is not None else 1 + max((q for _, qs, _ in terms for q in qs), default=0)
+        for letters, qubits, _ in terms:
+            for q in qubits:
+                if q >= n:
+                    raise ValueError(f"observable: qubit {q} is out of range for {n} qubits")
         return cls.from_list(terms, n)
 
     @classmethod
@@ -176,6 +219,25 @@ class PauliSum:
         shown = " + ".join(f"{c:.6g}*{lab}" for lab, c in list(d.items())[:8])
         more = f" + ... ({len(d)} terms)" if len(d) > 8 else ""
         return f"PauliSum(num_qubits={self.num_qubits}: {shown or '0'}{more})"
+
+
+_NUMBER = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_FACTOR = re.compile(r"\s*([IXYZixyz])(\d+)")
+
+
+def _sign(text: str, pos: int, first: bool) -> tuple[float, int]:
+    """The +/- before a term (optional before the first), and where the term starts."""
+    m = re.compile(r"\s*([-+])").match(text, pos)
+    if m:
+        return (-1.0 if m.group(1) == "-" else 1.0), m.end()
+    if not first:
+        raise ValueError(f"observable: expected + or - at character {pos + 1}")
+    return 1.0, pos
+
+
+def _skip_times(text: str, pos: int) -> int:
+    m = re.compile(r"\s*\*").match(text, pos)
+    return m.end() if m else pos
 
 
 def _check_n(n):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Mapping
 
 from .circuit import Circuit
 
@@ -422,12 +423,41 @@ def _parse_error(text: str, version: int, exc: Exception) -> ValueError:
     return ValueError(f"QASM import failed: {detail}")
 
 
-def circuit_from_qasm(text: str) -> Circuit:
+def _bound_values(parameters, params) -> dict:
+    """{Qiskit Parameter: float} for a program's input parameters from `params` (names or order)."""
+    names = [p.name for p in parameters]
+    if params is None or len(params) == 0:
+        raise ValueError(f"QASM program has free parameter(s) {', '.join(names)}: give their values (params)")
+    if isinstance(params, Mapping):
+        unknown = sorted(set(params) - set(names))
+        missing = [n for n in names if n not in params]
+        if unknown or missing:
+            raise ValueError("QASM parameters: " + "; ".join(
+                ([f"no input parameter named {', '.join(unknown)}"] if unknown else [])
+                + ([f"no value for {', '.join(missing)}"] if missing else [])) + f" (the program has {', '.join(names)})")
+        values = [params[n] for n in names]
+    else:
+        values = list(params)
+        if len(values) != len(names):
+            raise ValueError(f"QASM program has {len(names)} input parameter(s) ({', '.join(names)}), "
+                             f"but {len(values)} value(s) were given")
+    out = {}
+    for p, v in zip(parameters, values):
+        try:
+            out[p] = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"QASM parameter {p.name}: {v!r} is not a number") from None
+    return out
+
+
+def circuit_from_qasm(text: str, params=None) -> Circuit:
     """Parse OpenQASM 2.0 (qelib1.inc) or the OpenQASM 3 gate subset into a `Circuit`.
 
     The version comes from the `OPENQASM` header (without one, a program that declares `qubit`s or
     includes stdgates.inc is read as OpenQASM 3). Qubits are numbered in declaration order over all
     registers (qubit i is bit i of the basis index). Errors are `ValueError`s naming the line.
+    params: values of an OpenQASM 3 program's `input` parameters, {name: value} or a sequence in the
+    order of their names (Qiskit's order).
     """
     _require_qiskit()
     if not isinstance(text, str):
@@ -442,8 +472,9 @@ def circuit_from_qasm(text: str) -> Circuit:
     except Exception as exc:  # noqa: BLE001 - Qiskit's parsers raise several types; all are reported
         raise _parse_error(text, version, exc) from None
     if qc.parameters:  # OpenQASM 3 `input angle` declarations
-        names = ", ".join(p.name for p in qc.parameters)
-        raise ValueError(f"QASM program has free parameter(s) {names}: pauliprop needs numeric angles")
+        qc = qc.assign_parameters(_bound_values(qc.parameters, params))
+    elif params:
+        raise ValueError(f"QASM program has no input parameters, but {len(params)} value(s) were given")
     try:
         return _convert(qc)
     except _Unsupported as exc:

@@ -243,3 +243,37 @@ def test_empty_sum():
     assert "0" in repr(e)
     assert len(e.to_qiskit()) == 1  # Qiskit's zero operator
     assert float(pp.overlap(e, "+")) == 0.0
+
+
+@st.composite
+def _written_sums(draw):
+    """(text, the sparse list it means, num_qubits): terms written as a user would type them."""
+    n = draw(st.integers(1, 40))
+    terms, parts = [], []
+    for i in range(draw(st.integers(1, 5))):
+        qubits = draw(st.lists(st.integers(0, n - 1), unique=True, max_size=4))
+        letters = "".join(draw(st.sampled_from("XYZ")) for _ in qubits)
+        coeff = draw(st.one_of(st.just(1.0), st.floats(0.001, 100.0), st.integers(1, 9).map(float)))
+        sign = draw(st.sampled_from([1.0, -1.0]))
+        times = draw(st.sampled_from([" ", "*", " * "]))
+        factors = times.join(f"{ch}{q}" for ch, q in zip(letters, qubits))
+        body = factors if coeff == 1.0 and factors else (f"{coeff!r}{times}{factors}" if factors else repr(coeff))
+        parts.append(("- " if sign < 0 else ("+ " if i else "")) + body)
+        terms.append((letters, qubits, sign * coeff))
+    return " ".join(parts), terms, n
+
+
+@given(_written_sums())
+def test_a_written_sum_reads_as_its_terms(case):
+    text, terms, n = case
+    got = pp.PauliSum.from_text(text, n)
+    want = pp.PauliSum.from_list(terms, n)
+    assert got.to_list() == want.to_list()
+
+
+@pytest.mark.parametrize("text, cause", [("Z0 +", "the text ends"), ("Z0 Q1", "unexpected 'Q' at character 4"),
+                                         ("Z0 Z0", "qubit 0 appears twice"), ("X7", "qubit 7 is out of range"),
+                                         ("", "expected a term"), ("2 3", "unexpected '3'")])
+def test_a_malformed_written_sum_names_the_cause(text, cause):
+    with pytest.raises(ValueError, match=cause):
+        pp.PauliSum.from_text(text, 4)

@@ -299,3 +299,30 @@ def test_missing_qiskit_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "qiskit", None)
     with pytest.raises(ImportError, match=r"pip install \"pauliprop\[qasm\]\""):
         pp.Circuit.from_qasm(HEADER2 + "qreg q[1];\nh q[0];\n")
+
+
+def test_qasm3_input_parameters_are_bound_by_name_or_order():
+    """OpenQASM 3 `input` parameters take values by name or in the order of their names; a missing,
+    unknown or extra value is an error that names it."""
+    from qiskit import QuantumCircuit, qasm3
+    from qiskit.circuit import Parameter
+
+    a, b = Parameter("alpha"), Parameter("beta")
+    qc = QuantumCircuit(2)
+    qc.rx(a, 0)
+    qc.ry(b, 1)
+    qc.cx(0, 1)
+    text = qasm3.dumps(qc)
+    want = pp.Circuit.from_qiskit(qc.assign_parameters({a: 0.3, b: -1.2}))
+    obs = pp.PauliSum.from_text("Z0 Z1 + X1", 2)
+    exact = float(pp.expectation(want, obs, method="statevector"))
+    for params in ({"alpha": 0.3, "beta": -1.2}, [0.3, -1.2]):
+        got = pp.Circuit.from_qasm(text, params)
+        assert abs(float(pp.expectation(got, obs, method="statevector")) - exact) < 1e-12
+    for params, cause in [(None, "free parameter"), ({"alpha": 0.3}, "no value for beta"),
+                          ({"alpha": 0.3, "beta": 1.0, "gamma": 2.0}, "no input parameter named gamma"),
+                          ([0.3], "2 input parameter"), ({"alpha": "x", "beta": 1.0}, "alpha: 'x' is not a number")]:
+        with pytest.raises(ValueError, match=cause):
+            pp.Circuit.from_qasm(text, params)
+    with pytest.raises(ValueError, match="no input parameters"):
+        pp.Circuit.from_qasm(qasm3.dumps(qc.assign_parameters({a: 0.3, b: 0.1})), [1.0])
