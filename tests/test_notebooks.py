@@ -76,3 +76,12 @@ def test_qaoa_notebook_pauli_optimum_equals_statevector(kernel_env):
     assert summary["rel_diff"] <= 1e-6  # untruncated Pauli optimum == state-vector optimum
     assert summary["statevector_best"] <= summary["maxcut"] + 1e-9
     assert summary["approximation_ratio"] > 0.9
+
+
+def test_live_words_notebook_counts_words_and_matches_the_state_vector(kernel_env):
+    summary, seconds = run_notebook("live_words.ipynb", kernel_env, layers=12, words=200)
+    print(f"live_words.ipynb: {seconds:.1f} s, {summary}")
+    assert summary["clifford_flat"] and summary["max_abs_error"] < 1e-9
+    peaks = summary["peaks"]
+    assert peaks["Clifford only"] == summary["initial_words"] < min(peaks["mixed"], peaks["rotation heavy"])
+    assert 0.9 * 4**7 <= peaks["rotation heavy"] <= 4**7
