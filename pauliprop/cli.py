@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-terms", type=int, default=None)
     p.add_argument("--capacity", type=int, default=None, help="term buffer size (default: automatic)")
     p.add_argument("--float32", action="store_true", help="single precision coefficients")
+    p.add_argument("--plot", metavar="PNG", default="pauliprop_kicked_ising.png",
+                   help="where the plot of the estimates goes, with matplotlib installed (default: %(default)s)")
+    p.add_argument("--no-plot", action="store_true", help="no plot")
     return p
 
 
@@ -65,21 +69,71 @@ def demo(argv) -> int:
     print(f"127-qubit kicked Ising, <{'Z62' if args.observable == 'z62' else 'M_z'}> after {steps} steps, "
           f"{trunc}, backend {jax.default_backend()}", flush=True)
     print(f"{'theta_h':>10} {'estimate':>12} {ref_name:>22} {'|error|':>10} {'peak terms':>10} {'seconds':>8}", flush=True)
+    circuit = models.kicked_ising(steps, pp.Param(0))  # the angle is data: one program for every angle
     start = 1 << 14  # each angle starts where the last one ended: no recompilation in the loop
-    for k in args.angles:
-        theta = k * math.pi / 32
-        circuit = models.kicked_ising(steps, theta)
+    rows = []
+    for k in _progress(args.angles):
         t0 = time.perf_counter()
-        val, stats = pp.expectation(circuit, obs, truncation=trunc, capacity=args.capacity, return_stats=True,
-                                    initial_capacity=start)
+        val, stats = pp.expectation(circuit, obs, params=[k * math.pi / 32], truncation=trunc, capacity=args.capacity,
+                                    return_stats=True, initial_capacity=start)
         start = stats.capacity
         val = float(val)
         dt = time.perf_counter() - t0
         ref = refs.get(k) if has_ref else None
+        rows.append((k, val, ref))
         ref_s = f"{ref:22.6f}" if ref is not None else f"{'-':>22}"
         err_s = f"{abs(val - ref):10.2e}" if ref is not None else f"{'-':>10}"
-        print(f"{k:>4}*pi/32 {val:12.6f} {ref_s} {err_s} {int(stats.max_terms_seen):10d} {dt:8.2f}", flush=True)
+        _print(f"{k:>4}*pi/32 {val:12.6f} {ref_s} {err_s} {int(stats.max_terms_seen):10d} {dt:8.2f}")
+    if not args.no_plot:
+        where = _plot(rows, args.plot, f"<{'Z62' if args.observable == 'z62' else 'M_z'}> after {steps} steps, "
+                      f"127 qubits", ref_name)
+        print(f"plot written to {where}" if where else "no plot: matplotlib is not installed "
+              "(pip install 'pauliprop[cli]')", flush=True)
     return 0
+
+
+def _progress(items):
+    """A progress bar over the angles with tqdm installed (the `cli` extra); the items as they are without."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc="angles", unit="angle", leave=False)
+
+
+def _print(line: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(line, flush=True)
+        return
+    tqdm.write(line)
+
+
+def _plot(rows, path: str, title: str, ref_name: str) -> str | None:
+    """The estimates (and the reference where there is one) against theta_h, as a PNG; its path, or
+    None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = [k for k, _, _ in rows]
+    ax.plot(ks, [v for _, v, _ in rows], "o-", label="pauliprop")
+    refs = [(k, r) for k, _, r in rows if r is not None]
+    if refs:
+        ax.plot([k for k, _ in refs], [r for _, r in refs], "s", mfc="none", ms=9, label=ref_name)
+    ax.set_xlabel("theta_h / (pi/32)")
+    ax.set_ylabel("expectation value")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return os.path.abspath(path)
 
 
 # ---- pauliprop estimate ---------------------------------------------------------------------------------

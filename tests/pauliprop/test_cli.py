@@ -5,6 +5,7 @@ traceback."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -134,3 +135,18 @@ def test_the_installed_command_runs_in_a_fresh_process(qasm_file):
     value = json.loads(proc.stdout)["value"]
     circuit = pp.Circuit.from_qasm(qasm_file.read_text())
     assert np.isclose(value, float(pp.expectation(circuit, pp.PauliSum.from_text("X1", 4), method="statevector")))
+
+
+def test_the_demo_prints_its_estimates_and_writes_its_plot(capsys, tmp_path):
+    """`pauliprop` (one Trotter step, two angles): the estimates (<Z62> after one step is cos(theta_h)),
+    a progress bar on stderr, and the PNG where it says."""
+    png = tmp_path / "demo.png"
+    assert cli.main(["--steps", "1", "--angles", "4", "8", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if "*pi/32" in line]
+    assert [r[0] for r in rows] == ["4*pi/32", "8*pi/32"]
+    for k, row in zip((4, 8), rows):
+        assert abs(float(row[1]) - math.cos(k * math.pi / 32)) < 1e-6
+    assert f"plot written to {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["--steps", "1", "--angles", "4", "--no-plot"]) == 0
+    assert "plot" not in capsys.readouterr().out
