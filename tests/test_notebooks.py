@@ -85,3 +85,13 @@ def test_live_words_notebook_counts_words_and_matches_the_state_vector(kernel_en
     peaks = summary["peaks"]
     assert peaks["Clifford only"] == summary["initial_words"] < min(peaks["mixed"], peaks["rotation heavy"])
     assert 0.9 * 4**7 <= peaks["rotation heavy"] <= 4**7
+
+
+def test_surface_threshold_notebook_shows_the_crossing(kernel_env):
+    pytest.importorskip("stim", reason="the threshold notebook builds its circuits with stim")
+    pytest.importorskip("pymatching", reason="the threshold notebook decodes with pymatching")
+    summary, seconds = run_notebook("surface_threshold.ipynb", kernel_env, distances="3,5", ps="0.003,0.015",
+                                    shots=20000)
+    print(f"surface_threshold.ipynb: {seconds:.1f} s, {summary}")
+    assert summary["growing"] and summary["below_sigmas"] > 3 and summary["above_sigmas"] > 3
+    assert summary["detector_rate_sigmas"] < 5
