@@ -74,6 +74,14 @@ def single_z(qubit: int, num_qubits: int = 127) -> PauliSum:
 
 # Published reference values (Begusic, Gray, Chan, arXiv:2308.05077, MIT licence; the full tables
 # are in ../shared/data/kicked_ising), at theta_h = k*pi/32:
-# exact M_z after 5 steps (their exact.csv, column 4a), and Z62 after 20 steps (mix.csv, column 5b).
+# exact M_z after 5 steps (their exact.csv, column 4a), and Z62 after 20 steps by their MIX and SPD
+# methods (mix.csv and spd.csv, column 5b; no exact value exists), all 17 angles for Z62.
 EXACT_MZ_5_STEPS = {4: 0.9048427074671951, 8: 0.45280386917341503, 12: 0.0372627785874283}
-MIX_Z62_20_STEPS = {4: 0.8494130969047546, 8: 0.2685871422290802, 12: 1.249899924005149e-06}
+MIX_Z62_20_STEPS = {0: 1.0000145435333252, 1: 0.9955850839614868, 2: 0.9787507057189941, 3: 0.9258077144622803,
+                    4: 0.8494130969047546, 5: 0.797005832195282, 6: 0.6808770298957825, 7: 0.511045515537262,
+                    8: 0.2685871422290802, 9: 0.0943908616900444, 10: 0.016264472156763077,
+                    11: 0.0006644048844464123, 12: 1.249899924005149e-06, 13: 1.2992994180560657e-10,
+                    14: -9.515916471754368e-16, 15: -8.076651277691716e-21, 16: -0.0}
+SPD_Z62_20_STEPS = {0: 1.0, 1: 0.995952, 2: 0.979519, 3: 0.926329, 4: 0.853414, 5: 0.804827, 6: 0.712703,
+                    7: 0.537281, 8: 0.26453, 9: 0.084126, 10: 0.01731, 11: 0.001379, 12: 3.8e-05, 13: 0.0, 14: 0.0,
+                    15: 0.0, 16: 0.0}

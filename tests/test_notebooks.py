@@ -95,3 +95,11 @@ def test_surface_threshold_notebook_shows_the_crossing(kernel_env):
     print(f"surface_threshold.ipynb: {seconds:.1f} s, {summary}")
     assert summary["growing"] and summary["below_sigmas"] > 3 and summary["above_sigmas"] > 3
     assert summary["detector_rate_sigmas"] < 5
+
+
+def test_kicked_ising_notebook_follows_the_published_values(kernel_env):
+    summary, seconds = run_notebook("kicked_ising.ipynb", kernel_env, angles="4,8,12")
+    print(f"kicked_ising.ipynb: {seconds:.1f} s, {summary}")
+    assert summary["steps"] == 20 and summary["worst_error_vs_mix"] < 0.06
+    values = {int(k): v for k, v in summary["values"].items()}
+    assert abs(values[8] - 0.2613) < 1e-3  # cuPauliProp's value at these settings (DESIGN.md section 7)

@@ -93,10 +93,14 @@ def _csv_column(path, column):
 def test_published_constants_match_the_data_files(kicked_ising_dir):
     exact = _csv_column(kicked_ising_dir / "exact.csv", "4a")
     mix = _csv_column(kicked_ising_dir / "mix.csv", "5b")
+    spd = _csv_column(kicked_ising_dir / "spd.csv", "5b")
     for k, v in M.EXACT_MZ_5_STEPS.items():
         assert v == pytest.approx(exact[k], abs=1e-12)
+    assert M.MIX_Z62_20_STEPS.keys() == M.SPD_Z62_20_STEPS.keys() == set(range(17))
     for k, v in M.MIX_Z62_20_STEPS.items():
         assert v == pytest.approx(mix[k], abs=1e-12)
+    for k, v in M.SPD_Z62_20_STEPS.items():
+        assert v == pytest.approx(spd[k], abs=1e-12)
     assert exact[0] == pytest.approx(1.0, abs=1e-9)  # theta_h = 0: nothing moves
 
 
