@@ -19,6 +19,14 @@ import sys
 import time
 
 
+def _positive(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad command line reported in one line (no usage block)."""
 
@@ -30,13 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pauliprop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="pauliprop estimate --help: a circuit file and an observable of your own")
     p.add_argument("--observable", choices=["z62", "mz"], default="z62", help="Z62 or M_z = mean of Z_i")
-    p.add_argument("--steps", type=int, default=None, help="Trotter steps (default: 20 for z62, 5 for mz)")
+    p.add_argument("--steps", type=_positive, default=None, help="Trotter steps (default: 20 for z62, 5 for mz)")
     p.add_argument("--angles", type=int, nargs="+", default=[4, 8, 12], metavar="K",
                    help="theta_h = K*pi/32 (default: 4 8 12)")
     p.add_argument("--min-abs-coeff", type=float, default=1e-4)
     p.add_argument("--max-weight", type=int, default=8, help="0 switches the weight truncation off")
     p.add_argument("--max-terms", type=int, default=None)
-    p.add_argument("--capacity", type=int, default=None, help="term buffer size (default: automatic)")
+    p.add_argument("--capacity", type=_positive, default=None, help="term buffer size (default: automatic)")
     p.add_argument("--float32", action="store_true", help="single precision coefficients")
     p.add_argument("--plot", metavar="PNG", default="pauliprop_kicked_ising.png",
                    help="where the plot of the estimates goes, with matplotlib installed (default: %(default)s)")
@@ -53,6 +61,14 @@ def main(argv=None) -> int:
 
 def demo(argv) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _demo(args)
+    except (ValueError, TypeError, OSError, MemoryError) as exc:
+        print(f"pauliprop: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _demo(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", not args.float32)
@@ -157,7 +173,7 @@ def _estimate_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-terms", type=int, default=None)
     p.add_argument("--max-sins", type=int, default=None)
     p.add_argument("--per", choices=["gate", "layer"], default="gate", help="when the rules apply (default gate)")
-    p.add_argument("--capacity", type=int, default=None, help="term buffer size (default: automatic)")
+    p.add_argument("--capacity", type=_positive, default=None, help="term buffer size (default: automatic)")
     p.add_argument("--float32", action="store_true", help="single precision coefficients")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p

@@ -150,3 +150,18 @@ def test_the_demo_prints_its_estimates_and_writes_its_plot(capsys, tmp_path):
     assert f"plot written to {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main(["--steps", "1", "--angles", "4", "--no-plot"]) == 0
     assert "plot" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, cause", [(["--steps", "-1"], "argument --steps: must be at least 1, got -1"),
+                                         (["--capacity", "0"], "argument --capacity: must be at least 1, got 0"),
+                                         (["--angles", "4", "--max-terms", "0"], "pauliprop: error: "),
+                                         (["--steps", "1", "--angles", "4", "--plot", "/no/such/dir/p.png"],
+                                          "pauliprop: error: ")])
+def test_the_demos_bad_values_are_one_line(capsys, argv, cause):
+    try:
+        code = cli.main([*argv, *([] if "--plot" in argv else ["--no-plot"])])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len([line for line in err if "error" in line]) == 1 and cause in err[-1]
+    assert not any("Traceback" in line for line in err)
