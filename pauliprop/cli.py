@@ -108,22 +108,28 @@ def _demo(args) -> int:
     return 0
 
 
-def _progress(items):
-    """A progress bar over the angles with tqdm installed (the `cli` extra); the items as they are without."""
+def _tqdm():
+    """tqdm's progress bar class (the `cli` extra), or None without it."""
     try:
         from tqdm import tqdm
     except ImportError:
-        return items
-    return tqdm(items, desc="angles", unit="angle", leave=False)
+        return None
+    return tqdm
+
+
+def _progress(items):
+    """A progress bar over the angles with tqdm installed; the items as they are without."""
+    bar = _tqdm()
+    return items if bar is None else bar(items, desc="angles", unit="angle", leave=False)
 
 
 def _print(line: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:
+    """A table row that does not break the progress bar."""
+    bar = _tqdm()
+    if bar is None:
         print(line, flush=True)
-        return
-    tqdm.write(line)
+    else:
+        bar.write(line)
 
 
 def _plot(rows, path: str, title: str, ref_name: str) -> str | None:

@@ -121,7 +121,7 @@ class PauliSum:
                 raise ValueError(f"observable: expected a term at character {pos + 1}"
                                  + (f", found '{found[:12]}'" if found else " (the text ends)"))
             terms.append((letters, qubits, sign * coeff))
-            if pos >= len(text.rstrip()) and not text[pos:].strip():
+            if not text[pos:].strip():
                 break
             if text[pos:].lstrip()[:1] not in "+-":
                 at = pos + len(text[pos:]) - len(text[pos:].lstrip())
@@ -223,11 +223,13 @@ class PauliSum:
 
 _NUMBER = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _FACTOR = re.compile(r"\s*([IXYZixyz])(\d+)")
+_SIGN = re.compile(r"\s*([-+])")
+_TIMES = re.compile(r"\s*\*")
 
 
 def _sign(text: str, pos: int, first: bool) -> tuple[float, int]:
     """The +/- before a term (optional before the first), and where the term starts."""
-    m = re.compile(r"\s*([-+])").match(text, pos)
+    m = _SIGN.match(text, pos)
     if m:
         return (-1.0 if m.group(1) == "-" else 1.0), m.end()
     if not first:
@@ -236,7 +238,7 @@ def _sign(text: str, pos: int, first: bool) -> tuple[float, int]:
 
 
 def _skip_times(text: str, pos: int) -> int:
-    m = re.compile(r"\s*\*").match(text, pos)
+    m = _TIMES.match(text, pos)
     return m.end() if m else pos
 
 

@@ -80,8 +80,9 @@ def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = N
     if not isinstance(cache, dict):
         cache = circuit._program_cache = {}
     if key not in cache:
-        prog = _p.lower(circuit)
-        sched = _s.schedule(prog, weight_each_gate=weight_each, backend=backend)
+        sibling = cache.get(key[:-1] + (not layers,))  # the same program and schedule, other units
+        prog, sched = (sibling.program, sibling.schedule) if sibling else (_p.lower(circuit), None)
+        sched = sched or _s.schedule(prog, weight_each_gate=weight_each, backend=backend)
         units = _s.units(sched, truncation.per, layers=layers)
         tables = {**_s.padded(sched), **_s.padded_units(units), "num_units": np.int32(units.length)}
         for old in [k for k in cache if k[0] != key[0]]:  # lowered before the circuit grew
@@ -290,7 +291,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
     merged, live = _merged_observable(low, obs, truncation, limits, dtype, not fixed, backend)
     buf = _grown(merged, cap)
-    peak = 0
+    peak = 0  # the loop's own peak starts from the buffer it is given
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
     start = 1
@@ -305,7 +306,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         need = int(np.max(needs))
         terms = terms.max(axis=0) if terms.ndim == 2 else terms
         unit_terms[start:] = terms[start:]
-        peak = max(peak, int(live), int(np.max(peaks)))
+        peak = max(peak, int(np.max(peaks)))
         if need == 0:
             break
         grown = _next_capacity(cap, need)

@@ -115,6 +115,9 @@ def test_layers_in_a_batch_and_at_a_fixed_capacity_equal_the_state_vector(monkey
             c.cz(q, q + 1)
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
     assert S.U_LAYER in PR.lowered(c, pp.Truncation(), "cpu", layers=True).units.kind
+    # the two unit forms share one lowering of the circuit
+    assert PR.lowered(c, pp.Truncation(), "cpu", layers=False).schedule is PR.lowered(c, pp.Truncation(), "cpu",
+                                                                                         layers=True).schedule
     obs = pp.PauliSum.from_labels({"ZIIIIZ": 1.0, "XXIIII": -0.5, "IIYZII": 0.25})
     params = np.array([[0.4, -1.1], [math.pi / 2, 0.2], [2.5, 3.0]])
     exact = [float(pp.expectation(c, obs, p, method="statevector")) for p in params]
