@@ -40,21 +40,36 @@ def batch_size() -> int:
     return out
 
 
+def vmap_shared(fn, in_axes, axis_size: int | None = None):
+    """jax.vmap(fn, in_axes) under a named axis that `shared` reduces over. For a batch the caller
+    makes itself: `batched` defines the same rule for a vmap from outside, at the price of tracing
+    fn once more (the kicked Ising's batched loop: 0.4 of 1.5 s of tracing)."""
+
+    def run(*args):
+        size = axis_size
+        if size is None:
+            size = next(leaf.shape[ax] for a, ax in zip(args, in_axes) if ax is not None
+                        for leaf in jax.tree_util.tree_leaves(a))
+        name = f"pauliprop_batch_{next(_names)}"
+        _axes.append(name)
+        _sizes.append(int(size))
+        try:
+            return jax.vmap(fn, in_axes=in_axes, axis_name=name, axis_size=size)(*args)
+        finally:
+            _axes.pop()
+            _sizes.pop()
+
+    return run
+
+
 def batched(fn):
     """fn with a vmap rule that runs the batch under a named axis, so `shared` can reduce over it."""
     wrapped = jax.custom_batching.custom_vmap(fn)
 
     @wrapped.def_vmap
     def rule(axis_size, in_batched, *args):
-        name = f"pauliprop_batch_{next(_names)}"
         in_axes = tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, flags) for flags in in_batched)
-        _axes.append(name)
-        _sizes.append(int(axis_size))
-        try:
-            out = jax.vmap(fn, in_axes=in_axes, axis_name=name, axis_size=axis_size)(*args)
-        finally:
-            _axes.pop()
-            _sizes.pop()
+        out = vmap_shared(fn, in_axes, axis_size)(*args)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return wrapped

@@ -74,6 +74,10 @@ class Config(NamedTuple):
     units_per_test: int = 1  # units the loop applies between two tests of its end (GPUs: more, see run)
     static_loops: int = 0  # > 0: every loop has a static trip count (this bound on a unit's elements), so
     #                        JAX's own reverse mode can differentiate the loop (pp.propagate under jax.grad)
+    report_collisions: bool = False  # with stop: a rotation whose words' fingerprints collide writes nothing
+    #   and the loop stops there (need COLLIDED); the caller resumes with rooms that order exactly. So the
+    #   program holds no exact sort (a sort of 2W + 1 keys a room: seconds of GPU compilation) for an
+    #   event of probability ~C^2 / 2^64. Off: every room orders exactly after a collision, inline.
 
 
 def _elements(start, count, cfg: Config, body, init):
@@ -96,6 +100,7 @@ SWEEP = 8  # Clifford gates a sweep applies per iteration (one fused launch on a
 
 
 ONE_ROOM_CAPACITY = 1 << 12  # buffers up to this many slots have one room (rooms_for)
+GPU_ONE_ROOM_CAPACITY = 1 << 17  # on GPUs, up to this many
 
 
 def rooms_for(capacity: int, backend: str) -> tuple:
@@ -104,8 +109,10 @@ def rooms_for(capacity: int, backend: str) -> tuple:
     compiled program, so few: CPUs sort slowly and gain from small rooms, GPUs do not. A buffer of
     at most ONE_ROOM_CAPACITY slots has one room: sorting all of it takes microseconds, and a room is
     compile time (an 8-qubit, 40-gate circuit on the 2-core CPU, mean of five fresh processes: first
-    call 1.03 -> 0.75 s, later calls 34 -> 21 ms)."""
-    if capacity <= ONE_ROOM_CAPACITY:
+    call 1.03 -> 0.75 s, later calls 34 -> 21 ms). GPUs sort 2^16 words about as fast as 2^12, so
+    there one room serves up to GPU_ONE_ROOM_CAPACITY slots (the kicked Ising's 17-angle sweep at
+    2^16 slots on an H100: the same 0.56 s warm, 3 s less compilation than with rooms of 2^12 and 2^16)."""
+    if capacity <= (ONE_ROOM_CAPACITY if backend == "cpu" else GPU_ONE_ROOM_CAPACITY):
         return (capacity,)
     fractions = ((1, 64), (1, 8), (1, 2)) if backend == "cpu" else ((1, 16),)
     rooms = tuple(r for r in (capacity * a // b for a, b in fractions) if r >= 256)
@@ -180,11 +187,29 @@ def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(need > 0, a, b), buf, new), need
 
 
+def _site_mask(q, lanes: int):
+    """(W,) uint32: qubit q's bit in a packed word (q traced)."""
+    shift = (q % _w.LANE_BITS).astype(jnp.uint32)
+    return jnp.where(jnp.arange(lanes) == q // _w.LANE_BITS, jnp.uint32(1) << shift, jnp.uint32(0))
+
+
+def _has(words, mask):
+    """(T,) uint32: whether each word has the mask's bit (elementwise and a reduction over the lanes,
+    so an element's steps fuse into a few kernels; a dynamic lane index would gather)."""
+    return jnp.any((words & mask) != 0, axis=-1).astype(jnp.uint32)
+
+
+def _table_code(T, j, x, z):
+    """(each word's code on element j's qubits (a, b), x_a | z_a << 1 | x_b << 2 | z_b << 3, and the
+    masks of a and b)."""
+    ma, mb = _site_mask(T["cl_qubits"][j, 0], x.shape[-1]), _site_mask(T["cl_qubits"][j, 1], x.shape[-1])
+    return _has(x, ma) | _has(z, ma) << 1 | _has(x, mb) << 2 | _has(z, mb) << 3, ma, mb
+
+
 def _element_touched(T, j, words, kinds=(True, True, True)):
     """The words Clifford element j moves: non-identity on its qubits (a table), anticommuting (a turn)."""
     x, z = _m.halves(words)
-    a, b = T["cl_qubits"][j, 0], T["cl_qubits"][j, 1]
-    on_table = (_w.get_site(x, a) | _w.get_site(z, a) | _w.get_site(x, b) | _w.get_site(z, b)) != 0
+    on_table = _table_code(T, j, x, z)[0] != 0
     if not kinds[2]:
         return on_table
     ac = _w.anticommutes(x, z, T["cl_gx"][j], T["cl_gz"][j])
@@ -195,18 +220,24 @@ def _element_touched(T, j, words, kinds=(True, True, True)):
 
 def _element_image(T, j, words, kinds=(True, True, True)):
     """The image of words under Clifford element j: (words, sign, touched). kinds: which element forms
-    (gate tables, quarter turns of generators) the program holds code for."""
+    (gate tables, quarter turns of generators) the program holds code for. A table's 16 image codes
+    and signs are packed into three scalars and read by shifts: no gathers over the words."""
     x, z = _m.halves(words)
     out = []
     if kinds[1]:
-        a, b = T["cl_qubits"][j, 0], T["cl_qubits"][j, 1]
-        code = (_w.get_site(x, a) | _w.get_site(z, a) << 1 | _w.get_site(x, b) << 2
-                | _w.get_site(z, b) << 3).astype(jnp.int32)
-        img = T["cl_table"][j][code].astype(jnp.uint32)
-        one = jnp.uint32(1)
-        tx = _w.set_site(_w.set_site(x, a, img & one), b, (img >> 2) & one)
-        tz = _w.set_site(_w.set_site(z, a, (img >> 1) & one), b, (img >> 3) & one)
-        out.append((jnp.concatenate([tx, tz], -1), T["cl_sign"][j][code].astype(jnp.int32), code != 0))
+        code, ma, mb = _table_code(T, j, x, z)
+        four = jnp.arange(8, dtype=jnp.uint32) * 4
+        row = T["cl_table"][j].astype(jnp.uint32)
+        low, high = jnp.sum(row[:8] << four, dtype=jnp.uint32), jnp.sum(row[8:] << four, dtype=jnp.uint32)
+        negative = jnp.sum(jnp.where(T["cl_sign"][j] < 0, jnp.uint32(1) << jnp.arange(16, dtype=jnp.uint32), 0),
+                           dtype=jnp.uint32)
+        img = (jnp.where(code < 8, low, high) >> (4 * (code & 7))) & 15
+        bit = lambda k, m: jnp.where(((img >> k) & 1)[:, None] != 0, m, jnp.uint32(0))
+        keep = ~(ma | mb)
+        tx = (x & keep) | bit(0, ma) | bit(2, mb)
+        tz = (z & keep) | bit(1, ma) | bit(3, mb)
+        sign = 1 - 2 * ((negative >> code) & 1).astype(jnp.int32)
+        out.append((jnp.concatenate([tx, tz], -1), sign, code != 0))
     if kinds[2]:  # a quarter turn of a generator on three or more qubits
         gx, gz = T["cl_gx"][j], T["cl_gz"][j]
         k = T["cl_turns"][j] % 4
@@ -319,11 +350,9 @@ def _split_pick(live_count, splitting, cfg: Config):
 def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
     """The rotation of unit u with its splitting words in `room` slots (merge.pair_split), no cut after."""
     angle, g, ac, _ = rotation
-    # a room smaller than the buffer reports a fingerprint collision (the loop redoes the rotation in
-    # the full room, the one that holds the exact ordering's code)
     out = _m.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
                         limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
-                        fits=room < cfg.capacity, report_collisions=room < cfg.capacity)
+                        fits=room < cfg.capacity, report_collisions=cfg.report_collisions)
     return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
 
@@ -374,8 +403,8 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     most its weight of the layer's rotations, so a
     layer of 127 RX under max_weight 8 is at most 8 passes, not 127 units. The largest-terms cut is
     global, so a layer holds none (units() makes layers only where per-gate max_terms is absent).
-    With cfg.stop, a pass that would overflow leaves the layer unapplied: the caller grows the
-    buffer and resumes at this unit."""
+    With cfg.stop, a pass that would overflow (or that reports a collision) leaves the layer
+    unapplied: the caller grows the buffer (or orders exactly) and resumes at this unit."""
     lanes = buf.words.shape[1] // 2
     most = _w.LANE_BITS * lanes  # rotations on disjoint supports: at most one a qubit
     start, count = T["u_start"][u], T["u_count"][u]
@@ -395,7 +424,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
     def in_room(b, gate, turning, room):
         out = _m.pair_split(b.words, b.coeffs, b.meta, turning, gens[gate], cos[gate], sin[gate], rule_limits,
-                            cfg.capacity, room, stop=cfg.stop, exact=cfg.exact)
+                            cfg.capacity, room, stop=cfg.stop, exact=cfg.exact, report_collisions=cfg.report_collisions)
         return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
     def step(state):
@@ -410,7 +439,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     _, out, need = lax.while_loop(lambda st: (st[0] < passes) & (st[2] == 0), step, (jnp.int32(0), buf, jnp.int32(0)))
     if not cfg.stop:
         return out, jnp.int32(0)
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(need > 0, a, b), buf, out), need
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(need != 0, a, b), buf, out), need
 
 
 def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -446,19 +475,18 @@ UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPL
                   _s.U_LAYER: layer_unit}
 
 
-def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, full_room=False):
+def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True):
     """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0).
 
     One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
     picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
     copy of the buffer on CPUs and a wait for the host on GPUs), then the largest-terms cut after a
-    rotation. live_count: the buffer's live words, when the caller knows it. Inactive: a no-op.
-    full_room: a rotation takes the full room (after a smaller one reported a collision)."""
+    rotation. live_count: the buffer's live words, when the caller knows it. Inactive: a no-op."""
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
     rotation = _rotation(buf, u, T, params)
     split = kind == _s.U_SPLIT
-    pick = jnp.where(full_room & (rotation[3] > 0), len(cfg.rooms), _split_pick(live_count, rotation[3], cfg))
+    pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
     index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), _s.U_NOOP)
     common = dict(T=T, params=params, limits=limits, cfg=cfg)
@@ -476,17 +504,13 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
 
 class Progress(NamedTuple):
     unit: jax.Array  # the next unit to apply (the one that overflowed, if stopped)
-    need: jax.Array  # the slots the overflowing unit needed (0: it did not stop)
+    need: jax.Array  # the slots the overflowing unit needed (0: it did not stop; merge.COLLIDED: a collision)
     unit_terms: jax.Array  # (U,) int32 live terms after each unit
     peak: jax.Array  # int32 largest live count
 
-    @property
-    def stopped(self):
-        return self.need > 0
-
 
 def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
-    """Apply units start .. num_units - 1 (or until one overflows, with cfg.stop).
+    """Apply units start .. num_units - 1 (or, with cfg.stop, until one overflows or reports a collision).
 
     A while loop whose step applies cfg.units_per_test units in a fixed-count loop (the units past
     the end or past an overflow are no-ops): a GPU copies a while loop's predicate to the host at
@@ -496,23 +520,20 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
     num_units = T["num_units"]
 
     def cond(carry):
-        u, b, need, terms, peak, live, full_at = carry
+        u, b, need, terms, peak, live = carry
         return (u < num_units) & (need == 0)
 
     def one(carry):
-        u, b, need, terms, peak, live, full_at = carry
+        u, b, need, terms, peak, live = carry
         active = (u < num_units) & (need == 0)
-        b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active, full_room=u == full_at)
-        # a batch stops together (the unit's own overflow test is shared), so the unit index stays
-        # one for the batch and every lax.switch on it keeps one branch (batching.py)
-        need_u = shared(need_u)
-        collided = active & (need_u == _m.COLLIDED)  # redo the unit in the full room
-        need = jnp.where(active & ~collided, need_u, need)
-        advance = active & ~collided & (need == 0)
+        b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active)
+        # a batch stops together (the unit's own overflow and collision tests are shared), so the unit
+        # index stays one for the batch and every lax.switch on it keeps one branch (batching.py)
+        need = jnp.where(active, shared(need_u), need)
+        advance = active & (need == 0)
         count = _count(b.live)
         terms = terms.at[u].set(jnp.where(advance, count, terms[u]))
-        return (jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count,
-                jnp.where(collided, u, full_at))
+        return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count
 
     def body(carry):
         if cfg.units_per_test == 1:
@@ -521,8 +542,8 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
 
     terms = jnp.zeros(T["u_kind"].shape[0], jnp.int32)
     live = _count(buf.live)
-    u, buf, need, terms, peak, _, _ = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
-                                                                  terms, live, live, jnp.int32(-1)))
+    u, buf, need, terms, peak, _ = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
+                                                               terms, live, live))
     return buf, Progress(u, need, terms, peak)
 
 

@@ -268,7 +268,7 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     program then holds no code for them: a cut costs seconds of compilation per room).
     report_collisions (with `stop`): two words whose fingerprints collide are not ordered exactly
     here; the rotation writes nothing and the slots needed are COLLIDED, for the caller to redo it
-    in a room that orders exactly (the exact sort, compiled once, not in every room).
+    in a program that orders exactly (so the usual program holds no exact sort).
     Returns (words, coeffs, meta, dropped[5]) (and the slots needed, with `stop`).
     """
     limits = as_limits(truncation)

@@ -26,10 +26,11 @@ import numpy as np
 
 from . import adjoint as _a
 from . import engine as _e
+from . import merge as _m
 from . import program as _p
 from . import schedule as _s
 from . import truncation as _t
-from .batching import batched
+from .batching import batched, vmap_shared
 from .circuit import Circuit
 from .paulisum import PauliSum
 
@@ -208,15 +209,17 @@ def _units_per_test(low: Lowered, backend: str) -> int:
 
 
 def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, backend: str,
-            merged: bool = False) -> _e.Config:
+            merged: bool = False, exact_order: bool = False) -> _e.Config:
     """merged: the observable's merge (unit 0) ran before the loop (`_merged_observable`): the program
-    holds no merge code unless a later unit merges (amplitude damping)."""
+    holds no merge code unless a later unit merges (amplitude damping). A program that stops reports
+    fingerprint collisions (Config.report_collisions) unless exact_order: its rooms order exactly."""
     features = _e.features(low.units, low.schedule)
     if merged and _s.U_MERGE not in low.units.kind[1:]:
         features["units"] = tuple(k for k in features["units"] if k != _s.U_MERGE)
     return _e.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
                      sweep=backend != "cpu", rooms=_e.rooms_for(capacity, backend),
-                     unroll=32 if backend != "cpu" else 4, units_per_test=_units_per_test(low, backend), **features)
+                     unroll=32 if backend != "cpu" else 4, units_per_test=_units_per_test(low, backend),
+                     report_collisions=stop and not exact_order, **features)
 
 
 @functools.cache
@@ -228,16 +231,25 @@ def _merge_jit(cfg: _e.Config, backend: str):
     return jax.jit(merge, compiler_options=compiler_options(backend, cfg.capacity))
 
 
+HOST_MERGE_TERMS = 1 << 16  # GPUs: observables of up to this many terms are merged by the host's CPU
+
+
 def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype, stop: bool,
                        backend: str) -> tuple[_e.Buffer, jax.Array]:
     """(buffer, live words): the loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
     in the merge's order), run alone on a buffer of the observable's size: the loop's program then
     needs no merge code (about 1.3 s of the kicked Ising's 7 s compilation on the 2-core CPU), and
     this small program compiles in a fraction of that. The same function on the same words: the
-    result is the one the loop's unit would give."""
+    result is the one the loop's unit would give. On GPUs an observable of up to HOST_MERGE_TERMS
+    terms is merged by the CPU backend (host arrays come back): the GPU's compilation of this
+    program took 1.1-1.3 s on an H100, the CPU's of a small one a fraction of that."""
     small = _s.bucket(len(obs), 64)
+    if backend != "cpu" and small <= HOST_MERGE_TERMS:
+        with jax.default_device(jax.devices("cpu")[0]):
+            return jax.device_get(_merged_observable(low, obs, truncation, limits, dtype, stop, "cpu"))
     cfg = _config(low, truncation, small, stop, backend)
-    return _merge_jit(cfg, backend)(low.device_tables(backend), _initial_buffer(obs, small, dtype), limits)
+    tables = low.tables if backend == "cpu" and jax.default_backend() != "cpu" else low.device_tables(backend)
+    return _merge_jit(cfg, backend)(tables, _initial_buffer(obs, small, dtype), limits)
 
 
 # ---- the compiled loop -------------------------------------------------------------------------------
@@ -254,10 +266,25 @@ FAST_COMPILE_CAPACITY = 1 << 12
 
 
 def compiler_options(backend: str, capacity: int) -> dict | None:
-    """The XLA options of the loop's program on this backend at this capacity."""
+    """The XLA options of the loop's program on this backend at this capacity (those this jaxlib's XLA
+    knows: option names come and go between versions)."""
     if backend != "cpu":
         return None
-    return {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
+    wanted = {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
+    return {k: v for k, v in wanted.items() if _xla_knows(k, v)}
+
+
+@functools.cache
+def _xla_knows(option: str, value) -> bool:
+    """Whether XLA takes this compile option (a trivial CPU program compiled with it, once a process)."""
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(np.float32(0)).compile()
+    except Exception as exc:  # noqa: BLE001 - XLA reports an unknown option as a runtime error
+        if "compile option" in str(exc):
+            return False
+        raise
+    return True
 
 
 def _forward(T, buf, start, params, limits, table, *, cfg):
@@ -269,7 +296,7 @@ def _forward(T, buf, start, params, limits, table, *, cfg):
 def _forward_jit(cfg: _e.Config, batch: bool, backend: str):
     fn = partial(_forward, cfg=cfg)
     if batch:
-        fn = jax.vmap(batched(fn), in_axes=(None, 0, None, 0, None, None))
+        fn = vmap_shared(fn, (None, 0, None, 0, None, None))
     return jax.jit(fn, donate_argnums=(1,), compiler_options=compiler_options(backend, cfg.capacity))
 
 
@@ -294,9 +321,10 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     peak = 0  # the loop's own peak starts from the buffer it is given
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
-    start = 1
+    start, exact_order = 1, False
     while True:
-        fwd = _forward_jit(_config(low, truncation, cap, not fixed, backend, merged=True), batch is not None, backend)
+        cfg = _config(low, truncation, cap, not fixed, backend, merged=True, exact_order=exact_order)
+        fwd = _forward_jit(cfg, batch is not None, backend)
         buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
         # one wait for the device, whose copies overlap
         unit, needs, terms, peaks, dropped, live = jax.device_get((prog.unit, prog.need, prog.unit_terms, prog.peak,
@@ -309,6 +337,10 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         peak = max(peak, int(np.max(peaks)))
         if need == 0:
             break
+        start = stop
+        if need == _m.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
+            exact_order = True
+            continue
         grown = _next_capacity(cap, need)
         if grown > max_capacity:
             raise MemoryError(f"propagation needs {need} term slots at {_operation_at(low, stop)}, more than "
@@ -316,7 +348,6 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
                               "(min_abs_coeff, max_terms, max_weight) or raise max_capacity")
         cap = grown
         buf = _grown(buf, cap)
-        start = stop
     terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
     # dropped: host arithmetic, no small programs to compile for the stats
     stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=dropped[..., 4] > 0,

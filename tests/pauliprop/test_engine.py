@@ -52,7 +52,7 @@ def layered_circuits(draw, n=N, layers=3):
     c = pp.Circuit(n)
     for _ in range(layers):
         free = draw(st.permutations(range(n)))
-        for _ in range(draw(st.integers(2, 8))):
+        for _ in range(draw(st.integers(2, min(8, n // 3)))):
             k = draw(st.integers(1, 3))
             qubits, free = free[:k], free[k:]
             gen = draw(st.text("XYZ", min_size=k, max_size=k))
@@ -124,3 +124,56 @@ def test_layers_in_a_batch_and_at_a_fixed_capacity_equal_the_state_vector(monkey
     for sizes in (dict(initial_capacity=64), dict(capacity=4096)):
         vals = np.asarray(pp.expectation(c, obs, params, **sizes))
         np.testing.assert_allclose(vals, exact, atol=1e-10)
+
+
+def test_a_layer_whose_later_pass_reports_a_collision_is_left_unapplied(monkeypatch):
+    """The loop resumes a layer that stopped (an overflow, a fingerprint collision) from its start,
+    so a pass that stops must leave the buffer as the layer found it, earlier passes undone: here the
+    second pass of RX(0) RX(1) on Z0 Z1 reports a collision."""
+    PR = sys.modules["pauliprop.propagate"]
+    M = sys.modules["pauliprop.merge"]
+    c = pp.Circuit(N).rx(0, 0.3).rx(1, 0.4)
+    obs = pp.PauliSum.from_list([("ZZ", [0, 1], 1.0)], N)
+    trunc = pp.Truncation()
+    low = PR.lowered(c, trunc, "cpu", layers=True)
+    u = int(np.flatnonzero(low.units.kind == S.U_LAYER)[0])
+    cfg = PR._config(low, trunc, 64, True, "cpu")
+    buf = PR._initial_buffer(obs, 64, np.float64)
+    params = jnp.zeros(1)
+    apply = lambda b: engine.layer_unit(b, u, low.tables, params, trunc.limits(np.float64), cfg)
+    out, need = apply(buf)  # both passes: Z0 Z1 -> 4 words
+    assert int(need) == 0 and int(np.sum(np.asarray(out.meta) & 1)) == 4
+    real = M.pair_split
+
+    def collides_in_pass_two(words, coeffs, meta, ac, *args, **kw):  # pass 1 turns one word, pass 2 two
+        out = real(words, coeffs, meta, ac, *args, **kw)
+        hit = jnp.sum(ac) >= 2
+        kept = tuple(jnp.where(hit, a, b) for a, b in zip((words, coeffs, meta), out[:3]))
+        return (*kept, jnp.where(hit, 0, out[3]), jnp.where(hit, M.COLLIDED, out[4]))
+
+    monkeypatch.setattr(M, "pair_split", collides_in_pass_two)
+    out, need = apply(buf)
+    assert int(need) == M.COLLIDED
+    for got, was in zip(out, buf):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(was))
+
+
+@settings(max_examples=8)
+@given(layered_circuits(n=10, layers=2), st.floats(-2.0, 2.0))
+def test_clifford_runs_swept_over_all_words_equal_the_state_vector(case, angle):
+    """GPUs sweep a Clifford run's gates over every word (Config.sweep, SWEEP gates an iteration),
+    CPUs gather the touched words into rooms: untruncated, both equal the state vector."""
+    circuit, obs = case
+    for q in range(0, 9, 3):  # runs of one- and two-qubit Clifford gates of every kind of table
+        circuit.h(q).s(q + 1).cz(q, q + 1).sdg(q).cx(q + 1, q).swap(q, q + 1).sx(q + 1)
+    PR = sys.modules["pauliprop.propagate"]
+    config = PR._config
+    params = np.array([angle, 0.7])
+    exact = float(pp.expectation(circuit, obs, params, method="statevector"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "layers_for", lambda backend, t: False)
+        mp.setattr(S, "prefer_dense", lambda *a: False)  # the runs gate by gate, not as dense maps
+        in_rooms = float(pp.expectation(circuit, obs, params))
+        mp.setattr(PR, "_config", lambda *a, **k: config(*a, **k)._replace(sweep=True))
+        swept = float(pp.expectation(circuit, obs, params))
+    assert abs(in_rooms - exact) < 1e-10 and abs(swept - exact) < 1e-10

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
+from pauliprop import engine
 from pauliprop import merge as M
 from pauliprop import words as W
 
@@ -280,22 +281,28 @@ def test_pair_split_is_exact_under_fingerprint_collisions(cands, generator, angl
 
 
 @pytest.mark.usefixtures("several_rooms")
+@pytest.mark.parametrize("layers", [False, True], ids=["rotations", "layers"])
 @pytest.mark.parametrize("sizes", [dict(capacity=256), dict(initial_capacity=1024)])
-def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes):
+def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes, layers):
     """End to end: a circuit propagated with the weak fingerprint equals the state vector. (Words of up
     to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.) With a fixed capacity every
-    room orders exactly after a collision; with a growing one (rooms of 512 and 1,024 slots) the small
-    room reports it and the loop redoes the rotation in the full room, which orders exactly."""
+    room orders exactly after a collision, inline; with a growing one (rooms of 512 and 1,024 slots)
+    the program holds no exact sort: the rotation (or layer) that meets a collision writes nothing,
+    and the loop resumes there in a program whose rooms order exactly."""
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
+    monkeypatch.setattr(engine, "layers_for", lambda backend, t: layers)
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
     PR._forward_jit.cache_clear()  # a fresh trace sees the weak fingerprint
+    configs = []
+    forward_jit = PR._forward_jit
+    monkeypatch.setattr(PR, "_forward_jit", lambda cfg, *a: configs.append(cfg) or forward_jit(cfg, *a))
     sites = [0, 9, 19]
 
     def circuit(n, at):
         c = pp.Circuit(n)
         for k in range(4):
-            c.rx(at[k % 3], 0.3 + k).cx(at[k % 3], at[(k + 1) % 3]).rzz(at[0], at[2], pp.Param(0))
-            c.ry(at[(k + 2) % 3], 0.7 * k + 0.1)
+            c.rx(at[k % 3], 0.3 + k).rx(at[(k + 1) % 3], 0.2 - k).cx(at[k % 3], at[(k + 1) % 3])
+            c.rzz(at[0], at[2], pp.Param(0)).ry(at[(k + 2) % 3], 0.7 * k + 0.1)
         return c
 
     terms = [("ZZZ", 1.0), ("XIY", -0.5), ("IZX", 0.25)]
@@ -305,8 +312,10 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes):
     try:
         val = float(pp.expectation(circuit(20, sites), big, p, **sizes))
     finally:
-        PR._forward_jit.cache_clear()
+        forward_jit.cache_clear()
     assert abs(val - float(pp.expectation(circuit(3, [0, 1, 2]), small, p, method="statevector"))) < 1e-10
+    if "initial_capacity" in sizes:  # it met a collision, and only then took the exact program
+        assert configs[0].report_collisions and not configs[-1].report_collisions
 
 
 @pytest.mark.skipif(not M.x64(), reason="uint64 keys need jax_enable_x64")

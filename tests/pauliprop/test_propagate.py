@@ -172,13 +172,14 @@ def test_bloch_vector_states_match_the_density_matrix(case, data):
 
 def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_exact():
     """A rotation gathers its splitting words in the smallest room that holds them (on CPUs C/64, C/8,
-    C/2 and C, rooms under 256 slots left out; on GPUs C/16 and C; up to 4,096 slots only C); with about 100 and 3,000-7,000
+    C/2 and C, rooms under 256 slots left out, up to 4,096 slots only C; on GPUs C/16 and C, up to
+    2^17 slots only C); with about 100 and 3,000-7,000
     splitting words the rotations below use several rooms, and the untruncated value still equals the
     state vector. (Small capacities, as in the other tests, have one room, C.)"""
     from pauliprop.engine import rooms_for
 
     assert rooms_for(1 << 15, "cpu") == (512, 4096, 16384, 32768)
-    assert rooms_for(1 << 15, "gpu") == (2048, 32768)
+    assert rooms_for(1 << 15, "gpu") == (32768,) and rooms_for(1 << 18, "gpu") == (16384, 1 << 18)
     assert rooms_for(1 << 12, "cpu") == rooms_for(1 << 12, "gpu") == (4096,)  # small buffers: one room
     assert rooms_for(64, "cpu") == rooms_for(64, "gpu") == (64,)
     rng = np.random.default_rng(3)
@@ -392,7 +393,8 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     """An observable with duplicate words, a word over max_weight and one under min_abs_coeff is
     merged and truncated before the loop (whose program then holds no merge code, unless amplitude
     damping merges later): the value, the terms and the dropped norms equal those of the merge in the
-    loop (pp.expectation under jax.jit runs it there), untruncated equal to the state vector."""
+    loop (pp.expectation under jax.jit runs it there), untruncated equal to the state vector; and
+    on the host's CPU backend (GPUs merge small observables there) the same buffer."""
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
     n = 5
     h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.5), ("X", [2], 0.25), ("ZZ", [0, 1], 0.25), ("XXXX", [0, 1, 2, 3], 0.3),
@@ -413,6 +415,14 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     assert S.U_MERGE not in PR._config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
     damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
     assert S.U_MERGE in PR._config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
+    # a GPU merges a small observable on the host's CPU backend: the same buffer, as host arrays
+    trunc = pp.Truncation(max_weight=3, min_abs_coeff=1e-4)
+    low = PR.lowered(c, trunc, "cpu")
+    args = (low, h, trunc, trunc.limits(np.float64), np.float64, True)
+    on_host, own = PR._merged_observable(*args, "gpu"), PR._merged_observable(*args, "cpu")
+    assert all(isinstance(a, np.ndarray) for a in jax.tree_util.tree_leaves(on_host))
+    for a, b in zip(jax.tree_util.tree_leaves(on_host), jax.tree_util.tree_leaves(own)):
+        np.testing.assert_array_equal(a, np.asarray(b))
 
 
 @pytest.mark.parametrize("batch", [(), (3,)])
