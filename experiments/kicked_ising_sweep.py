@@ -7,7 +7,9 @@ What a user waits for, and the warm figures, in one script:
           call, `pp.expectation(circuit, Z62, params=(17, 1) angles, truncation=...)` with no
           capacity given: import, tracing, compilation, capacity growth and the copy to the host
           included (`sweep_s`), and the count of XLA compilations. The circuit's angle is a Param, so
-          the 17 angles share one program.
+          the 17 angles share one program. Three such processes (`fresh_runs`), each with a private
+          persistent compilation cache: empty (the first process the script starts, where the
+          machine may still read jax and CUDA from disk), empty again, and the one the second filled.
   warm    in that process: the batched sweep again (`warm_batch_s`), and each angle alone at the
           capacity the sweep found (`warm_angle_s`, best of --repeats).
   peer    cuPauliProp (cuquantum.pauliprop.experimental), truncation after every gate, one angle at
@@ -23,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +69,8 @@ def child(args) -> dict:
     out = dict(import_s=import_s, sweep_s=sweep_s, fresh_total_s=time.perf_counter() - t0,
                compilations=first_compiles, compile_s=float(sum(compiles)), capacity=cap,
                values=dict(zip(map(str, ks), vals.tolist())), peak_terms=int(stats.max_terms_seen))
+    if args.no_warm:
+        return out
     best = math.inf
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -87,18 +93,33 @@ def child(args) -> dict:
     return out
 
 
-def run_fresh(args) -> dict:
+def run_fresh(args, cache_dir: str, warm: bool = True) -> dict:
+    """A child process with pauliprop's persistent compilation cache in cache_dir."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--angles", args.angles, "--steps",
            str(args.steps), "--min-abs-coeff", str(args.min_abs_coeff), "--max-weight", str(args.max_weight),
-           "--repeats", str(args.repeats)]
+           "--repeats", str(args.repeats)] + ([] if warm else ["--no-warm"])
+    env = {k: v for k, v in os.environ.items() if k not in ("PAULIPROP_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, env=env | {"PAULIPROP_CACHE_DIR": cache_dir})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"error": proc.stderr[-4000:]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     res["process_wall_s"] = wall  # interpreter start to exit, warm figures included
     return res
+
+
+def fresh_runs(args) -> tuple[dict, list[dict]]:
+    """(the first process's figures, warm ones included; the three fresh processes' timings)."""
+    keep = ("import_s", "sweep_s", "fresh_total_s", "compilations", "compile_s", "process_wall_s", "error")
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+        ours = run_fresh(args, first)
+        again = run_fresh(args, second, warm=False)
+        filled = run_fresh(args, second, warm=False)
+    runs = [dict(cache="empty, first process", **{k: ours[k] for k in keep if k in ours}),
+            dict(cache="empty", **{k: again[k] for k in keep if k in again}),
+            dict(cache="filled by the previous process", **{k: filled[k] for k in keep if k in filled})]
+    return ours, runs
 
 
 def run_cupauliprop(args) -> dict:
@@ -154,12 +175,13 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="do not run cuPauliProp")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-warm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args)))
         return
-    ours = run_fresh(args)
+    ours, runs = fresh_runs(args)
     import jax
 
     import benchtools
@@ -167,11 +189,12 @@ def main(argv=None):
     peer = {"skipped": True} if args.no_peer else run_cupauliprop(args)
     result = {"benchmark": "kicked_ising_sweep", "environment": benchtools.environment(("cuquantum-python-cu13",)),
               "git": benchtools.git_state(), "settings": vars(args) | {"out": str(args.out)},
-              "ours": ours, "cupauliprop": peer}
+              "ours": ours, "fresh_runs": runs, "cupauliprop": peer}
     if "values" in ours and "rows" in peer:
         result["value_diff"] = {k: abs(v - peer["rows"][k]["value"]) for k, v in ours["values"].items()
                                 if "value" in peer["rows"].get(k, {})}
     print(json.dumps({k: ours.get(k) for k in ("sweep_s", "compilations", "warm_batch_s", "warm_angles_total_s")}))
+    print(json.dumps([(r["cache"], r.get("fresh_total_s")) for r in runs]))
     if "rows" in peer:
         print(json.dumps({"cupauliprop_total_s": peer["total_s"], "angles_ok": peer["angles_ok"]}))
     benchtools.write_result(result, args.out, "kicked_ising_sweep", jax.default_backend())

@@ -415,14 +415,16 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     assert S.U_MERGE not in PR._config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
     damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
     assert S.U_MERGE in PR._config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
-    # a GPU merges a small observable on the host's CPU backend: the same buffer, as host arrays
+    # a GPU merges a small observable on the host's CPU backend: the same buffer
     trunc = pp.Truncation(max_weight=3, min_abs_coeff=1e-4)
     low = PR.lowered(c, trunc, "cpu")
     args = (low, h, trunc, trunc.limits(np.float64), np.float64, True)
-    on_host, own = PR._merged_observable(*args, "gpu"), PR._merged_observable(*args, "cpu")
-    assert all(isinstance(a, np.ndarray) for a in jax.tree_util.tree_leaves(on_host))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jax, "devices", lambda backend=None: jax.local_devices(backend="cpu"))  # "gpu": this CPU
+        on_host = PR._merge_observable(*args, "gpu")
+    own = PR._merge_observable(*args, "cpu")
     for a, b in zip(jax.tree_util.tree_leaves(on_host), jax.tree_util.tree_leaves(own)):
-        np.testing.assert_array_equal(a, np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("batch", [(), (3,)])
@@ -441,3 +443,24 @@ def test_a_buffer_grows_the_same_on_the_device_and_on_the_host(batch):
         np.testing.assert_array_equal(np.asarray(h), np.asarray(d))
     assert host.coeffs.shape == batch + (32,) and not np.any(np.asarray(host.meta)[..., 8:])
     assert PR._grown(buf, 8) is buf
+
+
+def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
+    """A loop that passes one observable many times merges it once (the buffer is remembered on the
+    observable, keyed by its arrays' identity); the loop donates its own buffer, never the remembered
+    one, even when the two have the same size (600 words of 5 qubits: 1,024 slots both)."""
+    PR = sys.modules["pauliprop.propagate"]
+    rng = np.random.default_rng(5)
+    codes = rng.choice(4**5, 600, replace=False)
+    words = [{q: "IXYZ"[(int(c) >> (2 * q)) & 3] for q in range(5) if (int(c) >> (2 * q)) & 3} for c in codes]
+    h = pp.PauliSum.from_words(words, rng.normal(size=600), 5)
+    c = pp.Circuit(5).ry(0, pp.Param(0)).cx(0, 1).rx(2, 0.4).cz(3, 4).rzz(1, 3, pp.Param(0))
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    assert PR.default_capacity(h, pp.Truncation()) == PR._s.bucket(len(h), 64) == 1024
+    vals = [float(pp.expectation(c, h, np.array([a]))) for a in (0.3, 0.3, -1.2)]
+    remembered = h._merged[2]
+    assert float(pp.expectation(c, h, np.array([-1.2]))) == vals[2] and h._merged[2] is remembered
+    assert vals[0] == vals[1] and abs(vals[2] - float(pp.expectation(c, h, np.array([-1.2]), method="statevector"))) < 1e-10
+    renamed = pp.PauliSum(h.x, h.z, h.coeffs * 2, 5)  # new arrays: merged afresh
+    assert abs(float(pp.expectation(c, renamed, np.array([0.3]))) - 2 * vals[0]) < 1e-10
+    assert renamed._merged[2] is not remembered
