@@ -8,6 +8,10 @@
   XLA_FLAGS=... python experiments/stabilizer_probe.py compile --words 32768
       the compilation of the d = 5 frame program alone for `words` words (32 shots each): run it once per
       XLA flag set to see which compiler stage grows with the shot count.
+  python experiments/stabilizer_probe.py profile --distance 17 --shots 100000
+      the warm frame program of one chunk under JAX's profiler: the ops it runs, the device's kernels
+      (count and time by name), device-to-host copies (each a wait for the host), and how much of the
+      span the device was busy: per op, what the program costs beyond its arithmetic.
 """
 
 from __future__ import annotations
@@ -88,13 +92,73 @@ def compile_only(words: int) -> dict:
     return {"words": words, "xla_flags": os.environ.get("XLA_FLAGS", ""), "compile_s": time.perf_counter() - t}
 
 
+def profile(distance: int, shots: int) -> dict:
+    import collections
+    import glob
+    import gzip
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import stabilizer as st
+    from stabilizer import frames
+
+    s = st.compile_detector_sampler(surface(distance), seed=1)
+    prog = s.program
+    (start, n, words), = s._plan(shots)
+
+    def ops(structure, tables, times=1):
+        total = 0
+        for shape, table in zip(structure, tables):
+            total += times * (len(np.asarray(table["kind"])) if shape == "table" else ops(shape[2], table, times * shape[1]))
+        return total
+
+    run = lambda: frames.run_program(s._structure, s._tables, jax.random.key(0), prog.num_qubits,
+                                     prog.num_measurements, words, limits=s._limits).block_until_ready()
+    run()
+    best = min(_timed(run) for _ in range(3))
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d, create_perfetto_trace=True)
+        t0 = time.perf_counter()
+        run()
+        span = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        trace = json.load(gzip.open(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = [e for e in events if e.get("ph") == "X" and "GPU" in names.get(e.get("pid"), "")]
+    by_name = collections.Counter()
+    count = collections.Counter()
+    for e in device:
+        by_name[e["name"][:60]] += e["dur"]
+        count[e["name"][:60]] += 1
+    copies = sum(c for name, c in count.items() if "memcpy" in name.lower() and ("dtoh" in name.lower() or "d2h" in name.lower()))
+    busy = sum(e["dur"] for e in device) * 1e-6
+    total_ops = ops(s._structure, s._tables)
+    return {"distance": distance, "shots": shots, "words": words, "ops_run": total_ops, "warm_s": best,
+            "profiled_span_s": span, "device_events": len(device), "device_busy_s": busy,
+            "device_to_host_copies": copies, "us_per_op": 1e6 * best / total_ops,
+            "kernels_per_op": len(device) / total_ops,
+            "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(25)]}
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["first-call", "compile"])
+    ap.add_argument("what", choices=["first-call", "compile", "profile"])
     ap.add_argument("--words", type=int, default=32768)
+    ap.add_argument("--distance", type=int, default=17)
+    ap.add_argument("--shots", type=int, default=100000)
     ap.add_argument("--out")
     args = ap.parse_args()
-    res = first_call() if args.what == "first-call" else compile_only(args.words)
+    res = (first_call() if args.what == "first-call" else compile_only(args.words) if args.what == "compile"
+           else profile(args.distance, args.shots))
     print(json.dumps(res))
     if args.out:
         with open(args.out, "w") as f:

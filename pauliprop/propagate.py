@@ -228,7 +228,7 @@ def _merge_jit(cfg: _e.Config, backend: str):
         out = _e.merge_unit(buf, 0, T, None, limits, cfg)[0]
         return out, jnp.sum(out.live, dtype=jnp.int32)
 
-    return jax.jit(merge, compiler_options=compiler_options(backend, cfg.capacity))
+    return _Jitted(merge, compiler_options(backend, cfg.capacity))
 
 
 HOST_MERGE_TERMS = 1 << 12  # GPUs: observables of up to this many terms are merged by the host's CPU
@@ -284,12 +284,33 @@ FAST_COMPILE_CAPACITY = 1 << 12
 
 
 def compiler_options(backend: str, capacity: int) -> dict | None:
-    """The XLA options of the loop's program on this backend at this capacity (those this jaxlib's XLA
-    knows: option names come and go between versions)."""
+    """The XLA options of the loop's program on this backend at this capacity."""
     if backend != "cpu":
         return None
-    wanted = {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
-    return {k: v for k, v in wanted.items() if _xla_knows(k, v)}
+    return {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
+
+
+class _Jitted:
+    """jax.jit(fn, compiler_options=options, **kw), compiled again without the options this jaxlib's
+    XLA does not know if it rejects one (option names come and go between versions: jax 0.11 has no
+    xla_cpu_use_fusion_emitters). Costs nothing when XLA takes them all."""
+
+    def __init__(self, fn, options: dict | None, **kw):
+        self._fn, self._options, self._kw = fn, options, kw
+        self._jitted = jax.jit(fn, compiler_options=options, **kw)
+
+    def __call__(self, *args):
+        try:
+            return self._jitted(*args)
+        except jax.errors.JaxRuntimeError as exc:  # raised while compiling: no buffer was donated
+            if not self._options or "compile option" not in str(exc):
+                raise
+            self._options = {k: v for k, v in self._options.items() if _xla_knows(k, v)}
+            self._jitted = jax.jit(self._fn, compiler_options=self._options, **self._kw)
+            return self._jitted(*args)
+
+    def __getattr__(self, name):  # trace, lower, ...
+        return getattr(self._jitted, name)
 
 
 @functools.cache
@@ -298,7 +319,7 @@ def _xla_knows(option: str, value) -> bool:
     try:
         with jax.default_device(jax.devices("cpu")[0]):
             jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(np.float32(0)).compile()
-    except Exception as exc:  # noqa: BLE001 - XLA reports an unknown option as a runtime error
+    except jax.errors.JaxRuntimeError as exc:
         if "compile option" in str(exc):
             return False
         raise
@@ -315,12 +336,16 @@ def _forward_jit(cfg: _e.Config, batch: bool, backend: str):
     fn = partial(_forward, cfg=cfg)
     if batch:
         fn = vmap_shared(fn, (None, 0, None, 0, None, None))
-    return jax.jit(fn, donate_argnums=(1,), compiler_options=compiler_options(backend, cfg.capacity))
+    return _Jitted(fn, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
 
 
 def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, capacity, max_capacity,
            initial_capacity, table):
-    """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed."""
+    """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed. A fixed
+    capacity runs the same program (one that stops at an overflow) and, only if a unit overflows,
+    the rest in the program that keeps the largest terms: the result is the latter's from the start
+    (the two agree on every unit that fits), and a call at the capacity that growth found compiles
+    nothing new."""
     backend = jax.default_backend()
     low = lowered(circuit, truncation, backend, layers=_e.layers_for(backend, truncation))
     dtype = jnp.result_type(float)
@@ -334,16 +359,16 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
-    merged, live = _merged_observable(low, obs, truncation, limits, dtype, not fixed, backend)
+    merged, live = _merged_observable(low, obs, truncation, limits, dtype, True, backend)
     buf = _grown(merged, cap)
     if buf is merged:  # the loop donates its buffer: not the one remembered on the observable
         buf = jax.tree_util.tree_map(jnp.copy, buf)
     peak = 0  # the loop's own peak starts from the buffer it is given
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
-    start, exact_order = 1, False
+    start, exact_order, cut = 1, False, False
     while True:
-        cfg = _config(low, truncation, cap, not fixed, backend, merged=True, exact_order=exact_order)
+        cfg = _config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order)
         fwd = _forward_jit(cfg, batch is not None, backend)
         buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
         # one wait for the device, whose copies overlap
@@ -360,6 +385,9 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         start = stop
         if need == _m.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
             exact_order = True
+            continue
+        if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow)
+            cut = True
             continue
         grown = _next_capacity(cap, need)
         if grown > max_capacity:

@@ -285,10 +285,10 @@ def test_pair_split_is_exact_under_fingerprint_collisions(cands, generator, angl
 @pytest.mark.parametrize("sizes", [dict(capacity=256), dict(initial_capacity=1024)])
 def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes, layers):
     """End to end: a circuit propagated with the weak fingerprint equals the state vector. (Words of up
-    to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.) With a fixed capacity every
-    room orders exactly after a collision, inline; with a growing one (rooms of 512 and 1,024 slots)
-    the program holds no exact sort: the rotation (or layer) that meets a collision writes nothing,
-    and the loop resumes there in a program whose rooms order exactly."""
+    to 16 qubits are their own sort keys, so the circuit sits on 20 qubits.) At a fixed capacity and a
+    growing one (rooms of 512 and 1,024 slots) the program holds no exact sort: the rotation (or
+    layer) that meets a collision writes nothing, and the loop resumes there in a program whose rooms
+    order exactly."""
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
     monkeypatch.setattr(engine, "layers_for", lambda backend, t: layers)
     PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
@@ -314,8 +314,8 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes, l
     finally:
         forward_jit.cache_clear()
     assert abs(val - float(pp.expectation(circuit(3, [0, 1, 2]), small, p, method="statevector"))) < 1e-10
-    if "initial_capacity" in sizes:  # it met a collision, and only then took the exact program
-        assert configs[0].report_collisions and not configs[-1].report_collisions
+    # it met a collision, and only then took the exact program
+    assert configs[0].report_collisions and not configs[-1].report_collisions
 
 
 @pytest.mark.skipif(not M.x64(), reason="uint64 keys need jax_enable_x64")

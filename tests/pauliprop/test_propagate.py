@@ -293,6 +293,13 @@ def test_capacity_overflow_is_reported_and_growth_is_exact():
     assert bool(stats.overflow) and float(stats.dropped_norm[4]) > 0
     assert float(np.sum(np.asarray(stats.dropped_norm)[:4])) == 0.0
     assert abs(float(val) - exact) <= float(stats.dropped_norm[4]) + 1e-10
+    # the same as the program that cuts from the first gate (under jit, where shapes cannot grow)
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        cut, cut_stats = jax.jit(lambda cf: pp.expectation(c, pp.PauliSum(h.x, h.z, cf, h.num_qubits), capacity=1024,
+                                                           return_stats=True))(h.coeffs)
+        jax.block_until_ready(cut)
+    assert abs(float(val) - float(cut)) < 1e-12
+    np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(cut_stats.dropped_norm), atol=1e-12)
     # no room to grow: an error, not a lossy answer
     with pytest.raises(MemoryError, match="max_capacity"):
         pp.propagate(c, h, max_capacity=1024)
@@ -309,6 +316,11 @@ def test_capacity_overflow_is_reported_and_growth_is_exact():
     val, stats = pp.expectation(c, h, return_stats=True, initial_capacity=4096)
     assert stats.capacity == 4096 and abs(float(val) - exact) < 1e-10
     assert isinstance(stats.capacity, int)
+    # a call at the capacity growth found runs the growing call's program: nothing new to compile
+    PR = sys.modules["pauliprop.propagate"]
+    misses = PR._forward_jit.cache_info().misses
+    assert float(pp.expectation(c, h, capacity=4096)) == float(val)
+    assert PR._forward_jit.cache_info().misses == misses
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
@@ -464,3 +476,23 @@ def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
     renamed = pp.PauliSum(h.x, h.z, h.coeffs * 2, 5)  # new arrays: merged afresh
     assert abs(float(pp.expectation(c, renamed, np.array([0.3]))) - 2 * vals[0]) < 1e-10
     assert renamed._merged[2] is not remembered
+
+
+def test_compile_options_that_xla_does_not_know_are_dropped(monkeypatch):
+    """Option names come and go between jaxlib versions (jax 0.11 has no xla_cpu_use_fusion_emitters):
+    a program whose options XLA rejects compiles again without the unknown ones, same result."""
+    PR = sys.modules["pauliprop.propagate"]
+    monkeypatch.setattr(PR, "FAST_COMPILE", {**PR.FAST_COMPILE, "xla_no_such_option_anywhere": True})
+    PR._forward_jit.cache_clear()
+    PR._merge_jit.cache_clear()
+    try:
+        c = pp.Circuit(3).h(0).cx(0, 1).rx(2, pp.Param(0)).cz(1, 2)
+        h = pp.PauliSum.from_labels({"ZZI": 1.0, "IXZ": 0.5})
+        val = float(pp.expectation(c, h, np.array([0.7])))
+    finally:
+        PR._forward_jit.cache_clear()
+        PR._merge_jit.cache_clear()
+    assert abs(val - float(pp.expectation(c, h, np.array([0.7]), method="statevector"))) < 1e-12
+    if jax.default_backend() == "cpu":
+        assert not PR._xla_knows("xla_no_such_option_anywhere", True)
+        assert PR._xla_knows("xla_backend_optimization_level", 0)
