@@ -67,7 +67,7 @@ class Lowered(NamedTuple):
 
     def device_tables(self, backend: str) -> dict:
         if backend not in self.on_device:
-            self.on_device[backend] = jax.device_put(self.tables)
+            self.on_device[backend] = jax.device_put(self.tables, jax.devices(backend)[0])
         return self.on_device[backend]
 
 
@@ -234,23 +234,23 @@ def _merge_jit(cfg: _e.Config, backend: str):
 HOST_MERGE_TERMS = 1 << 12  # GPUs: observables of up to this many terms are merged by the host's CPU
 
 
-def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype, stop: bool,
+def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype,
                        backend: str) -> tuple[_e.Buffer, jax.Array]:
     """`_merge_observable`, remembered on the observable for its next call with the same circuit and
     settings (a VQE or sweep loop passes one observable many times: the merge and, on GPUs, a copy
     from the host a call are saved). Its arrays are compared by identity, so a new array is a new
     observable. The caller must not donate the buffer returned."""
     same = (low.tables, obs.x, obs.z, obs.coeffs)
-    key = (truncation, stop, np.dtype(dtype).name, backend)
+    key = (truncation, np.dtype(dtype).name, backend)
     hit = getattr(obs, "_merged", None)
     if hit is not None and all(a is b for a, b in zip(hit[0], same)) and hit[1] == key:
         return hit[2]
-    merged = _merge_observable(low, obs, truncation, limits, dtype, stop, backend)
+    merged = _merge_observable(low, obs, truncation, limits, dtype, backend)
     obs._merged = (same, key, merged)
     return merged
 
 
-def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype, stop: bool,
+def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype,
                       backend: str) -> tuple[_e.Buffer, jax.Array]:
     """(buffer, live words): the loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
     in the merge's order), run alone on a buffer of the observable's size: the loop's program then
@@ -263,11 +263,10 @@ def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, li
     small = _s.bucket(len(obs), 64)
     if backend != "cpu" and small <= HOST_MERGE_TERMS:
         with jax.default_device(jax.devices("cpu")[0]):
-            merged = _merge_observable(low, obs, truncation, limits, dtype, stop, "cpu")
+            merged = _merge_observable(low, obs, truncation, limits, dtype, "cpu")
         return jax.device_put(merged, jax.devices(backend)[0])
-    cfg = _config(low, truncation, small, stop, backend)
-    tables = low.tables if backend == "cpu" and jax.default_backend() != "cpu" else low.device_tables(backend)
-    return _merge_jit(cfg, backend)(tables, _initial_buffer(obs, small, dtype), limits)
+    cfg = _config(low, truncation, small, True, backend)  # a merge never outgrows its input's buffer
+    return _merge_jit(cfg, backend)(low.device_tables(backend), _initial_buffer(obs, small, dtype), limits)
 
 
 # ---- the compiled loop -------------------------------------------------------------------------------
@@ -359,7 +358,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
-    merged, live = _merged_observable(low, obs, truncation, limits, dtype, True, backend)
+    merged, live = _merged_observable(low, obs, truncation, limits, dtype, backend)
     buf = _grown(merged, cap)
     if buf is merged:  # the loop donates its buffer: not the one remembered on the observable
         buf = jax.tree_util.tree_map(jnp.copy, buf)

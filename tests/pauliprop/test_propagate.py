@@ -430,7 +430,7 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     # a GPU merges a small observable on the host's CPU backend: the same buffer
     trunc = pp.Truncation(max_weight=3, min_abs_coeff=1e-4)
     low = PR.lowered(c, trunc, "cpu")
-    args = (low, h, trunc, trunc.limits(np.float64), np.float64, True)
+    args = (low, h, trunc, trunc.limits(np.float64), np.float64)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(jax, "devices", lambda backend=None: jax.local_devices(backend="cpu"))  # "gpu": this CPU
         on_host = PR._merge_observable(*args, "gpu")
