@@ -211,77 +211,119 @@ def noise_limits(structure, tables) -> tuple:
 
 class _Carry(NamedTuple):
     f: Frames
-    record: jax.Array  # (M + 1, words): flips of every measurement; the last row is scratch
+    record: jax.Array  # (M + 1, words): flips of every measurement; the last row stays zero (nothing writes it)
     base: jax.Array  # int32: measurements recorded so far
     counter: jax.Array  # uint32: ops run so far (the random stream of op i is fold_in(key, i))
     chain: jax.Array  # (words,): shots where the current E / ELSE chain has fired
 
 
-def _op_gate(c: _Carry, row, key, kernel: str = "jax") -> _Carry:
+class _Reads(NamedTuple):
+    """What an op reads: the frame rows (S, words) of its S slots' qubits q0 (a) and q1 (b), the chain,
+    and (read only: feedback) the record and the measurement count."""
+
+    xa: jax.Array
+    za: jax.Array
+    xb: jax.Array
+    zb: jax.Array
+    chain: jax.Array
+    record: jax.Array
+    base: jax.Array
+
+
+class _Writes(NamedTuple):
+    """What an op writes: its slots' new frame rows, the chain, and record rows `flips` (S, words) to put
+    at rows `at` (S,) (past the record's end: nowhere). Every op writes all of them (a switch's
+    branches return one structure)."""
+
+    xa: jax.Array
+    za: jax.Array
+    xb: jax.Array
+    zb: jax.Array
+    chain: jax.Array
+    flips: jax.Array
+    at: jax.Array
+
+
+def _read(c: _Carry, row) -> _Reads:
+    """Gather an op's rows, so that only they pass through the op-kind switch (branches that returned
+    the whole frames and record copied them: 13 of the 35 kernels an op took on an H100). The record
+    goes in whole but read only: what no branch returns is not copied."""
     q0, q1 = row["q"][:, 0], row["q"][:, 1]
-    if kernel != "jax":
-        fwd = row["fwd"]
-        one_qubit = (fwd[4] == 4) & (fwd[8] == 8) & jnp.all((fwd[:4] & 12) == 0)  # the b qubit is padding
-        qubits = jnp.stack([jnp.where(row["active"], q0, -1), jnp.where(one_qubit, -1, q1)], axis=1)
-        x, z = kernels.frame_gate(c.f.x, c.f.z, qubits, fwd, interpret=kernel == "interpret")
-        return c._replace(f=Frames(x, z))
-    bits = [c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1]]
-    outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
-    for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
-        image = row["fwd"][1 << i]
-        for b in range(4):
-            outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
-    x = c.f.x.at[q0].set(outs[0]).at[q1].set(outs[2])
-    z = c.f.z.at[q0].set(outs[1]).at[q1].set(outs[3])
-    return c._replace(f=Frames(x, z))
+    return _Reads(c.f.x[q0], c.f.z[q0], c.f.x[q1], c.f.z[q1], c.chain, c.record, c.base)
 
 
-def _op_measure(c: _Carry, row, key, draw: Draw | None) -> _Carry:
-    q = row["q"][:, 0]
+def _write(c: _Carry, row, w: _Writes) -> _Carry:
+    """Scatter an op's rows back: frame rows on q0 then q1 (writes to the spare qubit, padding, are
+    dropped), record rows at w.at. The table's advance is zero for ops that record nothing."""
+    spare = c.f.x.shape[0] - 1
+    q0, q1 = (jnp.where(q == spare, spare + 1, q) for q in (row["q"][:, 0], row["q"][:, 1]))
+    x = c.f.x.at[q0].set(w.xa, mode="drop").at[q1].set(w.xb, mode="drop")
+    z = c.f.z.at[q0].set(w.za, mode="drop").at[q1].set(w.zb, mode="drop")
+    record = c.record.at[w.at].set(w.flips, mode="drop")
+    return c._replace(f=Frames(x, z), record=record, base=c.base + row["advance"], chain=w.chain)
+
+
+def _unchanged(r: _Reads) -> _Writes:
+    """Writes that change nothing: the rows as read, no record rows."""
+    nowhere = jnp.full(r.xa.shape[0], r.record.shape[0], jnp.int32)
+    return _Writes(r.xa, r.za, r.xb, r.zb, r.chain, jnp.zeros_like(r.xa), nowhere)
+
+
+def _record_rows(r: _Reads, row) -> jax.Array:
+    """The record rows of a MEASURE or MPAD op's slots (past the end where a slot records nothing)."""
+    return jnp.where(row["rec"] >= 0, r.base + row["rec"], jnp.int32(r.record.shape[0]))
+
+
+def _op_gate(r: _Reads, row, key, kernel: str = "jax") -> _Writes:
+    bits = [r.xa, r.za, r.xb, r.zb]
+    if kernel != "jax":  # the kernel updates frames in place: here, frames of the slots' a rows then b rows
+        slots = jnp.arange(r.xa.shape[0], dtype=jnp.int32)
+        x, z = kernels.frame_gate(jnp.concatenate(bits[0::2]), jnp.concatenate(bits[1::2]),
+                                  jnp.stack([slots, slots + len(slots)], axis=1), row["fwd"],
+                                  interpret=kernel == "interpret")
+        outs = [x[:len(slots)], z[:len(slots)], x[len(slots):], z[len(slots):]]
+    else:
+        outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
+        for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
+            image = row["fwd"][1 << i]
+            for b in range(4):
+                outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
+    return _unchanged(r)._replace(xa=outs[0], za=outs[1], xb=outs[2], zb=outs[3])
+
+
+def _op_measure(r: _Reads, row, key, draw: Draw | None) -> _Writes:
     k1, k2 = jax.random.split(key)
-    xq, zq = c.f.x[q], c.f.z[q]
-    flips = xq ^ noise_masks(k1, row["probs"][:1], FLIP, xq.shape, draw)[0]
-    scratch = c.record.shape[0] - 1
-    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
-    r = random_bits(k2, xq.shape)
+    flips = r.xa ^ noise_masks(k1, row["probs"][:1], FLIP, r.xa.shape, draw)[0]
+    rand = random_bits(k2, r.xa.shape)
     reset = row["reset"][:, None]
-    x = c.f.x.at[q].set(jnp.where(reset, jnp.uint32(0), xq))
-    z = c.f.z.at[q].set(jnp.where(reset, r, zq ^ r))
-    return c._replace(f=Frames(x, z), record=record, base=c.base + row["advance"])
+    return _unchanged(r)._replace(xa=jnp.where(reset, jnp.uint32(0), r.xa), za=jnp.where(reset, rand, r.za ^ rand),
+                                  flips=flips, at=_record_rows(r, row))
 
 
-def _op_noise(c: _Carry, row, key, draw: Draw | None) -> _Carry:
-    q0, q1 = row["q"][:, 0], row["q"][:, 1]
-    xa, za, xb, zb = noise_masks(key, row["probs"], PAIR_EVENTS, c.f.x[q0].shape, draw)
-    active = row["active"][:, None]
-    x = c.f.x.at[q0].set(c.f.x[q0] ^ xa).at[q1].set(c.f.x[q1] ^ jnp.where(active, xb, 0))
-    z = c.f.z.at[q0].set(c.f.z[q0] ^ za).at[q1].set(c.f.z[q1] ^ jnp.where(active, zb, 0))
-    return c._replace(f=Frames(x, z))
+def _op_noise(r: _Reads, row, key, draw: Draw | None) -> _Writes:
+    xa, za, xb, zb = noise_masks(key, row["probs"], PAIR_EVENTS, r.xa.shape, draw)
+    return _unchanged(r)._replace(xa=r.xa ^ xa, za=r.za ^ za, xb=r.xb ^ xb, zb=r.zb ^ zb)
 
 
-def _op_correlated(c: _Carry, row, key, draw: Draw | None) -> _Carry:
-    fire = noise_masks(key, row["probs"][:1], FLIP, c.chain.shape, draw)[0]
-    fire, chain = (jnp.where(row["is_else"], fire & ~c.chain, fire), jnp.where(row["is_else"], c.chain | fire, fire))
-    return _xor_slots(c, row, jnp.broadcast_to(fire, (row["q"].shape[0],) + fire.shape))._replace(chain=chain)
+def _op_correlated(r: _Reads, row, key, draw: Draw | None) -> _Writes:
+    fire = noise_masks(key, row["probs"][:1], FLIP, r.chain.shape, draw)[0]
+    fire, chain = (jnp.where(row["is_else"], fire & ~r.chain, fire), jnp.where(row["is_else"], r.chain | fire, fire))
+    return _xor_slots(r, row, jnp.broadcast_to(fire, r.xa.shape))._replace(chain=chain)
 
 
-def _xor_slots(c: _Carry, row, masks) -> _Carry:
-    q = row["q"][:, 0]
+def _xor_slots(r: _Reads, row, masks) -> _Writes:
+    """XOR the Pauli (px, pz) of each active slot, where `masks` (S, words), into its q0 rows."""
     on = lambda flag: jnp.where((row["active"] & flag)[:, None], masks, jnp.uint32(0))
-    return c._replace(f=Frames(c.f.x.at[q].set(c.f.x[q] ^ on(row["px"])), c.f.z.at[q].set(c.f.z[q] ^ on(row["pz"]))))
+    return _unchanged(r)._replace(xa=r.xa ^ on(row["px"]), za=r.za ^ on(row["pz"]))
 
 
-def _op_feedback(c: _Carry, row, key) -> _Carry:
-    bits = c.record[jnp.where(row["active"], c.base - row["rec"], c.record.shape[0] - 1)]
-    return _xor_slots(c, row, bits)
+def _op_feedback(r: _Reads, row, key) -> _Writes:
+    return _xor_slots(r, row, r.record[jnp.where(row["active"], r.base - row["rec"], r.record.shape[0] - 1)])
 
 
-def _op_mpad(c: _Carry, row, key, draw: Draw | None) -> _Carry:
-    shape = (row["rec"].shape[0], c.record.shape[1])
-    flips = noise_masks(key, row["probs"][:1], FLIP, shape, draw)[0]
-    scratch = c.record.shape[0] - 1
-    record = c.record.at[jnp.where(row["rec"] >= 0, c.base + row["rec"], scratch)].set(flips)
-    return c._replace(record=record, base=c.base + row["advance"])
+def _op_mpad(r: _Reads, row, key, draw: Draw | None) -> _Writes:
+    flips = noise_masks(key, row["probs"][:1], FLIP, r.xa.shape, draw)[0]
+    return _unchanged(r)._replace(flips=flips, at=_record_rows(r, row))
 
 
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
@@ -303,8 +345,12 @@ def run_program(structure, tables, key, num_qubits: int, num_measurements: int, 
 # XLA's GPU autotuner times candidate kernels on buffers of the program's size: compiling the d = 5
 # surface code's program for 32,768 words took 36.4 s with it and 4.1 s without (H100, jax 0.11.2,
 # 2026-11-25); the program has no matrix products or convolutions, which is what it tunes best.
+# XLA:GPU puts runs of at least xla_gpu_graph_min_graph_size commands into CUDA graphs: with its
+# default of 5, once the op step's rows left the switch, the noise draws' conditionals of the d = 5
+# surface code's program ran from the host (48 more waits on the device: 7.7-8.1 ms warm for 1e5
+# shots against 5.9-6.1 ms with 1; d = 17 29.3 against 28.5-28.8 ms; H100, jax 0.11.2, 2026-11-25).
 @partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words", "kernel", "limits"),
-         compiler_options={"xla_gpu_autotune_level": 0})
+         compiler_options={"xla_gpu_autotune_level": 0, "xla_gpu_graph_min_graph_size": 1})
 def _run_program(structure, tables, key, num_qubits, num_measurements, words, kernel, limits):
     carry = _Carry(zeros(num_qubits + 1, words), jnp.zeros((num_measurements + 1, words), jnp.uint32),
                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
@@ -316,5 +362,4 @@ def _run_program(structure, tables, key, num_qubits, num_measurements, words, ke
     # the frame kernel is not the default: XLA's fused rule was 10-20% faster on the surface-code
     # benchmark (H100, 2026-11-22, experiments/results/stabilizer_surface_h100_*.json, ours-kernel)
     ops[GATE] = partial(_op_gate, kernel=kernels.kernel_mode(kernel, words, on_gpu="jax"))
-    carry = run_segments(structure, tables, carry, ops, key)
-    return carry.record.at[num_measurements].set(0)
+    return run_segments(structure, tables, carry, ops, key, read=_read, write=_write).record

@@ -403,25 +403,31 @@ def device_tables(prog: Program):
     return prog._device_tables
 
 
-def run_segments(structure, tables, carry, ops, key):
+def run_segments(structure, tables, carry, ops, key, read=None, write=None):
     """Run a program's segments on `carry` (which has a `counter` field): each table is one
-    `lax.scan` whose step switches to ops[kind](carry, row, fold_in(key, counter)); each repeat is a
-    `lax.fori_loop`. (Switching over only the kinds a table holds made GPU compiles of the surface
-    code 7x slower, 42 s against 6 s, for no run-time gain: measured on an H100, 2026-11-22.)"""
+    `lax.scan` whose step switches to ops[kind](read(carry, row), row, fold_in(key, counter)) and puts
+    the result back with write(carry, row, result); each repeat is a `lax.fori_loop`. By default an op
+    takes and returns the whole carry; a runner with a large carry reads and writes only an op's rows,
+    since every branch returns a copy of what it passes through. (Switching over only the kinds a
+    table holds made GPU compiles of the surface code 7x slower, 42 s against 6 s, for no run-time
+    gain: measured on an H100, 2026-11-22.)"""
     import jax
     from jax import lax
 
+    read = read or (lambda c, row: c)
+    write = write or (lambda c, row, result: result)
+
     def step(c, row):
-        c = lax.switch(row["kind"], ops, c, row, jax.random.fold_in(key, c.counter))
-        return c._replace(counter=c.counter + 1), None
+        result = lax.switch(row["kind"], ops, read(c, row), row, jax.random.fold_in(key, c.counter))
+        return write(c, row, result)._replace(counter=c.counter + 1), None
 
     for shape, table in zip(structure, tables):
         if shape == "table":
             carry, _ = lax.scan(step, carry, table)
         else:
             _, count, inner = shape
-            carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table: run_segments(inner, table, c, ops, key),
-                                  carry)
+            carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table:
+                                  run_segments(inner, table, c, ops, key, read, write), carry)
     return carry
 
 

@@ -4,6 +4,7 @@ the noise draws (sparse and dense) hit every bit position with the channel's pro
 from __future__ import annotations
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,11 +29,17 @@ def _carry(rng, qubits: int, words: int = 2, measurements: int = 4) -> F._Carry:
                     jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
 
 
-def _row(op_kind, qubits, spare, **fields):
-    """One op-table row: qubits a list of (q0, q1) slots; fields as in stabilizer.program._Op."""
+def _apply(op, c: F._Carry, row, key, **options) -> F._Carry:
+    """One op on a carry, as the program's scan step runs it: read its rows, op, write them back."""
+    return F._write(c, row, op(F._read(c, row), row, key, **options))
+
+
+def _row(op_kind, qubits, spare, width=None, **fields):
+    """One op-table row: qubits a list of (q0, q1) slots, padded to `width` slots as the lowering pads
+    them; fields as in stabilizer.program._Op."""
     fields = {k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()}
     op = P._Op(op_kind, np.asarray(qubits), **fields)
-    return {k: jnp.asarray(v[0]) for k, v in P._table([op], len(qubits), spare).items()}
+    return {k: jnp.asarray(v[0]) for k, v in P._table([op], width or len(qubits), spare).items()}
 
 
 @pytest.mark.parametrize("name", STIM_GATES)
@@ -43,7 +50,7 @@ def test_gate_conjugates_every_shot_as_stim(name):
     c = _carry(rng, 4)  # qubits 0..2 and the spare 3
     qubits = [2, 0][:arity]
     row = _row(P.GATE, [(qubits[0], qubits[1] if arity == 2 else 3)], 3, gate=name)
-    out = F._op_gate(c, row, jax.random.key(0))
+    out = _apply(F._op_gate, c, row, jax.random.key(0))
     before = [_bits(a) for a in c.f]
     after = [_bits(a) for a in out.f]
     tab = stim.Tableau.from_named_gate(name)
@@ -58,7 +65,7 @@ def test_measurement_records_the_x_part_and_leaves_a_z_stabilizer(reset):
     rng = np.random.default_rng(1)
     c = _carry(rng, 3)
     row = _row(P.MEASURE, [(1, 2)], 2, rec=[0], reset=[reset], advance=1)
-    out = F._op_measure(c, row, jax.random.key(5), draw=None)
+    out = _apply(F._op_measure, c, row, jax.random.key(5), draw=None)
     np.testing.assert_array_equal(np.asarray(out.record[0]), np.asarray(c.f.x[1]))
     assert int(out.base) == 1
     x_after = np.asarray(out.f.x[1])
@@ -71,9 +78,37 @@ def test_feedback_xors_the_recorded_flip():
     c = _carry(rng, 3)
     c = c._replace(record=c.record.at[0].set(jnp.asarray([0xF0F0F0F0, 0x1], jnp.uint32)), base=jnp.int32(1))
     row = _row(P.FEEDBACK, [(0, 2)], 2, rec=[1], px=[True], pz=[True])
-    out = F._op_feedback(c, row, jax.random.key(0))
+    out = _apply(F._op_feedback, c, row, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(out.f.x[0]) ^ np.asarray(c.f.x[0]), [0xF0F0F0F0, 0x1])
     np.testing.assert_array_equal(np.asarray(out.f.z[0]) ^ np.asarray(c.f.z[0]), [0xF0F0F0F0, 0x1])
+
+
+_PADDED_OPS = {  # (kind, slots, fields) of one window on qubits 0..2 (3 is the spare), base 1
+    "gate": (P.GATE, [(2, 1)], dict(gate="CX")),
+    "measure": (P.MEASURE, [(1, 3)], dict(rec=[0], reset=[True], advance=1, probs=(0.5,))),
+    "noise": (P.NOISE, [(1, 2)], dict(probs=tuple(np.full(15, 1 / 15)))),
+    "correlated": (P.CORRELATED, [(0, 3)], dict(probs=(1.0,), px=[True], pz=[True])),
+    "feedback": (P.FEEDBACK, [(0, 3)], dict(rec=[1], px=[True], pz=[True])),
+    "mpad": (P.MPAD, [(3, 3)], dict(rec=[0], advance=1, probs=(0.5,))),
+}
+
+
+@pytest.mark.parametrize("name", list(_PADDED_OPS))
+def test_padding_slots_change_no_qubit_and_no_record_row(name):
+    """A window padded with 3 slots (on the spare, recording nothing) changes only its own qubits and
+    record rows (base + 0 where it records); the record's last row stays the zero row."""
+    kind, slots, fields = _PADDED_OPS[name]
+    rng = np.random.default_rng(4)
+    c = _carry(rng, 4)
+    c = c._replace(record=jnp.asarray(rng.integers(0, 2**32, (5, 2), dtype=np.uint32)).at[4].set(0), base=jnp.int32(1))
+    options = {"draw": F.Draw(F.SPARSE_MAX, dense=True)} if kind in F.NOISY_KINDS else {}
+    out = _apply(F._OPS[kind], c, _row(kind, slots, 3, width=4, **fields), jax.random.key(9), **options)
+    for q in set(range(3)) - set(slots[0]):
+        np.testing.assert_array_equal(np.asarray(out.f.x[q]), np.asarray(c.f.x[q]), err_msg=f"x of qubit {q}")
+        np.testing.assert_array_equal(np.asarray(out.f.z[q]), np.asarray(c.f.z[q]), err_msg=f"z of qubit {q}")
+    written = {1} if kind in (P.MEASURE, P.MPAD) else set()
+    for m in set(range(5)) - written:
+        np.testing.assert_array_equal(np.asarray(out.record[m]), np.asarray(c.record[m]), err_msg=f"record row {m}")
 
 
 _PAULI_CHANNEL_2 = np.linspace(0.01, 0.05, 15) * 0.6 / np.linspace(0.01, 0.05, 15).sum()
@@ -86,7 +121,7 @@ def test_pair_noise_events_have_their_probabilities(probs, limit):
     whether the draw is sparse (hits, then each hit's event) or dense."""
     c = _carry(np.random.default_rng(3), 3, words=512)
     c = c._replace(f=F.zeros(3, 512))
-    op = jax.jit(lambda c, row, key: F._op_noise(c, row, key, draw=F.Draw(limit, dense=True)))
+    op = jax.jit(lambda c, row, key: _apply(F._op_noise, c, row, key, draw=F.Draw(limit, dense=True)))
     out = op(c, _row(P.NOISE, [(0, 1)], 2, probs=tuple(probs)), jax.random.key(7))
     xa, za, xb, zb = (_bits(a) for a in (out.f.x[0], out.f.z[0], out.f.x[1], out.f.z[1]))
     codes = xa | za << 1 | xb << 2 | zb << 3
@@ -146,6 +181,38 @@ def test_run_program_flips_only_where_noise_is():
     assert np.all(bits[0] ^ bits[1])  # the X error flips qubit 1 relative to qubit 0 in every shot
     assert 0.3 < bits[0].mean() < 0.7  # the Bell pair's outcome is random per shot
     assert np.all(bits[2] == ~bits[0] & 1) and not bits[3:].any()  # MR resets: later MRs are noiseless
+
+
+def _subjaxprs(jaxpr):
+    """The jaxprs an equation of `jaxpr` holds (loop bodies, branches, calls)."""
+    for eqn in jaxpr.eqns:
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(v, jax.extend.core.ClosedJaxpr):
+                    yield v.jaxpr
+                elif isinstance(v, jax.extend.core.Jaxpr):
+                    yield v
+
+
+def test_the_op_switch_returns_only_an_ops_rows():
+    """No branch of the scan step's op-kind switch returns the whole frames or record: XLA copies
+    whatever a branch returns, every op (13 of the 35 kernels an op took on an H100 when it did)."""
+    prog = P.lower(Circuit("H 0\nCX 0 1\nX_ERROR(0.1) 1\nM 0 1\nREPEAT 3 {\n  MR 1\n  CX rec[-1] 0\n}"))
+    structure, tables, words = prog.structure(), prog.tables(), 4
+    with jax.enable_x64(True):
+        traced = F._run_program.trace(structure, tables, jax.random.key(0), prog.num_qubits, prog.num_measurements,
+                                      words, "jax", F.noise_limits(structure, tables))
+    whole = {(prog.num_qubits + 1, words), (prog.num_measurements + 1, words)}
+    switches, todo = 0, [traced.jaxpr.jaxpr]
+    while todo:
+        jaxpr = todo.pop()
+        todo.extend(_subjaxprs(jaxpr))
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "cond" and len(eqn.params["branches"]) == len(F._OPS):
+                switches += 1
+                shapes = [v.aval.shape for v in eqn.outvars]
+                assert not whole.intersection(shapes), shapes
+    assert switches == 2  # one per table: the top level's and the repeat's
 
 
 def test_pack_puts_draw_j_at_bit_j():
