@@ -8,6 +8,7 @@ and XLA's temporaries (every scratch array live at the peak of its buffer assign
 target is 120 bytes a slot in all, in float64.
 
     python experiments/memory_per_slot.py --capacities 14,16,18
+    python experiments/memory_per_slot.py --capacities 20,22 --truncation max_terms
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ from pauliprop import models  # noqa: E402
 PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
 
 
-def analyse(layers: bool, capacity: int) -> dict:
-    trunc = pp.Truncation(min_abs_coeff=1e-4, max_weight=8)
+TRUNCATIONS = {  # name: the truncation at a capacity
+    "ppjl": lambda capacity: pp.Truncation(min_abs_coeff=1e-4, max_weight=8),
+    "max_terms": lambda capacity: pp.Truncation(max_terms=3 * capacity // 4, min_abs_coeff=1e-9),  # terms_at_scale.py
+}
+
+
+def analyse(layers: bool, capacity: int, truncation: str = "ppjl") -> dict:
+    trunc = TRUNCATIONS[truncation](capacity)
     circuit, obs = models.kicked_ising(20, pp.Param(0)), models.single_z(62)
     backend = jax.default_backend()
     low = PR.lowered(circuit, trunc, backend, layers=layers)
@@ -56,12 +63,15 @@ def analyse(layers: bool, capacity: int) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capacities", default="14,16,18", help="log2 of the capacities, comma separated")
+    ap.add_argument("--truncation", choices=sorted(TRUNCATIONS), default="ppjl",
+                    help="ppjl: min_abs_coeff 1e-4, max_weight 8 (rotations one by one and as layers); max_terms: "
+                    "3/4 of the capacity and 1e-9 per gate (terms_at_scale.py's; rotations one by one only)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     rows = []
-    for layers in (False, True):
+    for layers in (False, True) if args.truncation == "ppjl" else (False,):
         for log2 in map(int, args.capacities.split(",")):
-            rows.append(analyse(layers, 1 << log2))
+            rows.append(analyse(layers, 1 << log2, args.truncation) | {"truncation": args.truncation})
             print({k: round(v, 1) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
     result = {"benchmark": "memory_per_slot", "environment": benchtools.environment(()), "git": benchtools.git_state(),
               "settings": vars(args) | {"out": str(args.out)}, "rows": rows}

@@ -39,28 +39,30 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "kicked_ising_sweep_h100_2026-11-25_onecompile.json"
+    f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)
     ours, peer, runs = d["ours"], d["cupauliprop"], d["fresh_runs"]
     out.append(_row("127-qubit kicked Ising, 17 angles one by one, warm (PP.jl settings)", d,
                     ours["warm_angles_total_s"], "cuPauliProp", peer["total_s"], [f],
                     f" (at most {_s(max(ours['warm_angle_s'].values()))} an angle)"))
+    cold = _load(g)["fresh_runs"][0]  # the same code on a machine just started, no peer in that run
     out.append(_row("the same sweep from a fresh process, empty compilation cache (import, compilation)", d,
-                    runs[1]["fresh_total_s"], "cuPauliProp", peer["total_s"], [f],
-                    f" ({_s(runs[0]['fresh_total_s'])} as the machine's first process)"))
-    f = "p3_stress_h100_2026-11-25_onecompile.json"
+                    runs[1]["fresh_total_s"], "cuPauliProp", peer["total_s"], [f, g],
+                    f" ({_s(cold['fresh_total_s'])} as a just-started machine's first process)"))
+    f = "p3_stress_h100_2026-11-25_rows.json"
     d = _load(f)
     big = next(r for r in d["rows"] if (r["words"], r["layers"]) == (30000, 500))
     out.append(_row("P3 stress, 7 qubits, 30K words x 500 Clifford layers", d, big["seconds"],
                     "P3 (published, RTX 2080)", big["p3_seconds"], [f]))
-    f = "kicked_ising_z62_cpu_2026-11-25_folded.json"
+    f = "kicked_ising_z62_cpu_2026-11-25_side_by_side.json"
     d = _load(f)
-    # pauliprop's first call at each angle (compilation and capacity search included); pauli-prop compiles nothing
-    first = lambda tool: sum(r.get("first_call_s", r["seconds"]) for r in d["records"] if r["tool"] == tool)
-    out.append(_row("127-qubit kicked Ising, 3 angles, 1e5 terms, fresh process", d, first("pauliprop"),
-                    "pauli-prop", first("pauli-prop"), [f]))
-    f, g, h = ("stabilizer_surface_h100_2026-11-25.json", "stabilizer_surface_d25_h100_2026-11-25.json",
-               "stabilizer_surface_1e6_pinned_h100_2026-11-25.json")
+    # the three angles as one batched call in a fresh process (compilation included; its members run side
+    # by side on the cores), beside the sum of pauli-prop's three calls (it compiles nothing)
+    batch = next(r for r in d["records"] if r["tool"] == "pauliprop-batch")
+    peer = sum(r["seconds"] for r in d["records"] if r["tool"] == "pauli-prop")
+    out.append(_row("127-qubit kicked Ising, 3 angles as one batch, 1e5 terms, fresh process", d,
+                    batch["batch_first_call_s"], "pauli-prop", peer, [f]))
+    f, h = "stabilizer_surface_h100_2026-11-25_rows.json", "stabilizer_surface_d25_1e6_h100_2026-11-25_rows.json"
     d = _load(f)
     rec = lambda data, tool, dist, shots: next(r for r in data["records"] if (r["tool"], r["d"], r["shots"]) ==
                                                (tool, dist, shots) and r.get("status") == "ok")
@@ -70,7 +72,7 @@ def rows() -> list[list[str]]:
     e = _load(h)
     out.append(_row("surface code d = 25, 1e6 shots, packed detectors to the host", e,
                     rec(e, "ours", 25, 10**6)["packed_host_s"], "cuStabilizer",
-                    rec(_load(g), "custabilizer", 25, 10**6)["packed_host_s"], [h, g]))
+                    rec(e, "custabilizer", 25, 10**6)["packed_host_s"], [h]))
     return out
 
 

@@ -67,6 +67,9 @@ class Config(NamedTuple):
     stop: bool  # stop at an overflow (resumable) instead of cutting
     sweep: bool  # Clifford gates swept over all words, SWEEP at a time (GPUs), else gathered in rooms (CPUs)
     rooms: tuple  # the SPLIT unit's room sizes, ascending, the last = capacity
+    cut_rooms: int = 1  # how many of the largest rooms hold the largest-terms cut (split_rooms_with_cut)
+    skip_unmet: bool = False  # the loop keeps where the live words act; a rotation that meets none of
+    #   those sites splits nothing and skips its pass over the buffer (CPUs: GPUs pass in microseconds)
     exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
     units: tuple = tuple(range(len(_s.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
     clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
@@ -117,6 +120,19 @@ def rooms_for(capacity: int, backend: str) -> tuple:
     fractions = ((1, 64), (1, 8), (1, 2)) if backend == "cpu" else ((1, 16),)
     rooms = tuple(r for r in (capacity * a // b for a, b in fractions) if r >= 256)
     return rooms + (capacity,)
+
+
+def split_rooms_with_cut(rooms: tuple, backend: str, truncation, stop: bool) -> int:
+    """How many of the largest rooms hold the code that cuts the buffer and a rotation's new words
+    together (a rotation whose new words may not fit the free slots needs one of them). Where a cut
+    can happen (per-gate max_terms, or a program that does not stop) on CPUs: the two largest, so the
+    common case at saturation, live words near max_terms and a few 10^4 splitting ones, sorts and
+    moves half the buffer, not all of it (kicked Ising at pauli-prop's settings, 1e5 terms in 2^17
+    slots: 184 of an angle's 863 splitting rotations did not fit, none split more than 2^16 words).
+    Each such room costs its cut's compilation, so GPUs (one room up to 2^17 slots) and programs
+    that stop at an overflow instead keep one."""
+    cuts = truncation.max_terms is not None or not stop
+    return 2 if backend == "cpu" and cuts and len(rooms) > 2 else 1
 
 
 def layers_for(backend: str, truncation) -> bool:
@@ -331,20 +347,44 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return (dense if has_dense else by_gates)(buf), jnp.int32(0)
 
 
-def _rotation(buf: Buffer, u, T, params):
-    """(angle, generator word, anticommuting live words, their count) of the rotation of unit u."""
+def support(buf: Buffer):
+    """(2W,) uint32: the OR of the live words (x lanes, then z lanes), where any of them acts."""
+    return lax.reduce(jnp.where(buf.live[:, None], buf.words, jnp.uint32(0)), jnp.uint32(0), lax.bitwise_or, (0,))
+
+
+def _rotation(buf: Buffer, u, T, params, acts=None, split=True):
+    """(angle, generator word, anticommuting live words, their count) of the rotation of unit u.
+    acts: a superset of where the live words act (`support`), or None. Where no live word can
+    anticommute with the generator (it meets none of their sites: outside the observable's light
+    cone, most rotations of a deep circuit's last layers), or the unit is no rotation (not `split`),
+    the pass over the buffer is skipped."""
     j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
     angle = _angle(T, j, params).astype(buf.coeffs.dtype)
     gx, gz = T["rot_gx"][j], T["rot_gz"][j]
-    ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
-    return angle, jnp.concatenate([gx, gz]), ac, _count(ac)
+
+    def anticommuting():
+        ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+        return ac, _count(ac)
+
+    if acts is None:
+        ac, n = anticommuting()
+    else:
+        ax, az = _m.halves(acts)
+        meets = split & jnp.any(((ax & gz) | (az & gx)) != 0)
+        ac, n = lax.cond(shared(meets), anticommuting,
+                         lambda: (jnp.zeros(buf.meta.shape, bool), jnp.int32(0)))
+    return angle, jnp.concatenate([gx, gz]), ac, n
 
 
 def _split_pick(live_count, splitting, cfg: Config):
     """The room branch of a rotation: 0 when nothing splits, else 1 + the smallest room that holds the
-    splitting words, a room smaller than the buffer only when the live and splitting words fit it."""
+    splitting words, one with the cut's code (the last cfg.cut_rooms) unless the live and splitting
+    words together fit the buffer. A larger branch index serves every smaller one (batches take
+    their members' largest: batching.shared)."""
     fits = live_count + splitting <= cfg.capacity
-    return _room_pick(jnp.where(fits | (splitting == 0), splitting, cfg.capacity), cfg.rooms[:-1])
+    smallest_cut = 1 + len(cfg.rooms) - cfg.cut_rooms
+    needs_cut = ~fits & (splitting > 0)
+    return shared(jnp.maximum(_room_pick(splitting, cfg.rooms[:-1]), jnp.where(needs_cut, smallest_cut, 0)))
 
 
 def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
@@ -352,7 +392,7 @@ def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
     angle, g, ac, _ = rotation
     out = _m.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
                         limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
-                        fits=room < cfg.capacity, report_collisions=cfg.report_collisions)
+                        fits=room < cfg.rooms[-cfg.cut_rooms], report_collisions=cfg.report_collisions)
     return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
 
@@ -475,17 +515,18 @@ UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPL
                   _s.U_LAYER: layer_unit}
 
 
-def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True):
+def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, acts=None):
     """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0).
 
     One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
     picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
     copy of the buffer on CPUs and a wait for the host on GPUs), then the largest-terms cut after a
-    rotation. live_count: the buffer's live words, when the caller knows it. Inactive: a no-op."""
+    rotation. live_count: the buffer's live words, when the caller knows it. acts: a superset of
+    the live words' `support`, when the caller keeps one. Inactive: a no-op."""
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
-    rotation = _rotation(buf, u, T, params)
     split = kind == _s.U_SPLIT
+    rotation = _rotation(buf, u, T, params, acts, split & active)
     pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
     index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), _s.U_NOOP)
@@ -520,20 +561,27 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
     num_units = T["num_units"]
 
     def cond(carry):
-        u, b, need, terms, peak, live = carry
+        u, b, need, terms, peak, live, acts = carry
         return (u < num_units) & (need == 0)
 
     def one(carry):
-        u, b, need, terms, peak, live = carry
+        u, b, need, terms, peak, live, acts = carry
         active = (u < num_units) & (need == 0)
-        b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active)
+        b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active,
+                               acts=acts if cfg.skip_unmet else None)
         # a batch stops together (the unit's own overflow and collision tests are shared), so the unit
         # index stays one for the batch and every lax.switch on it keeps one branch (batching.py)
         need = jnp.where(active, shared(need_u), need)
         advance = active & (need == 0)
         count = _count(b.live)
         terms = terms.at[u].set(jnp.where(advance, count, terms[u]))
-        return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count
+        if cfg.skip_unmet:  # where the live words act, kept as a superset: a rotation's new words act
+            # on its generator's sites too, truncation only removes words; other units move words: their OR
+            kind = T["u_kind"][jnp.minimum(u, num_units - 1)]
+            j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
+            acts = lax.cond(shared(kind == _s.U_SPLIT),
+                            lambda: acts | jnp.concatenate([T["rot_gx"][j], T["rot_gz"][j]]), lambda: support(b))
+        return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count, acts
 
     def body(carry):
         if cfg.units_per_test == 1:
@@ -542,8 +590,9 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
 
     terms = jnp.zeros(T["u_kind"].shape[0], jnp.int32)
     live = _count(buf.live)
-    u, buf, need, terms, peak, _ = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
-                                                               terms, live, live))
+    u, buf, need, terms, peak, _, _ = lax.while_loop(cond, body, (jnp.asarray(start, jnp.int32), buf, jnp.int32(0),
+                                                                  terms, live, live,
+                                                                  support(buf) if cfg.skip_unmet else jnp.uint32(0)))
     return buf, Progress(u, need, terms, peak)
 
 

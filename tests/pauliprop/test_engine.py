@@ -5,6 +5,8 @@
   sum, term for term, and the same dropped norms, under every per-term rule, through the buffer's
   growth (an overflowing pass leaves the layer unapplied and the loop resumes there) and in batches.
 * The packed-bit selection that finds each word's j-th rotation is the j-th set bit.
+* A rotation that meets none of the sites where the live words act skips its pass (CPUs) and changes
+  nothing that a pass would have changed.
 """
 
 from __future__ import annotations
@@ -156,6 +158,43 @@ def test_a_layer_whose_later_pass_reports_a_collision_is_left_unapplied(monkeypa
     assert int(need) == M.COLLIDED
     for got, was in zip(out, buf):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(was))
+
+
+def _without_skips(mp):
+    """Programs whose rotations never skip their pass (Config.skip_unmet off): the reference."""
+    PR = sys.modules["pauliprop.propagate"]
+    config = PR._config
+    mp.setattr(PR, "_config", lambda *a, **k: config(*a, **k)._replace(skip_unmet=False))
+
+
+@settings(max_examples=10)
+@given(layered_circuits(), st.sampled_from(sorted(RULES)), st.floats(-2.0, 2.0))
+def test_rotations_that_meet_no_live_word_skip_nothing_that_splits(case, rules, angle):
+    """CPUs skip a rotation's pass when it meets none of the sites where the live words act (kept as a
+    superset through the loop): the same sum and dropped norms as programs that never skip."""
+    circuit, obs = case
+    params = np.array([angle, 0.7])
+    with pytest.MonkeyPatch.context() as mp:
+        got, got_stats = _propagated(mp, False, circuit, obs, params, RULES[rules], initial_capacity=64)
+        _without_skips(mp)
+        ref, ref_stats = _propagated(mp, False, circuit, obs, params, RULES[rules], initial_capacity=64)
+    _assert_same(_terms(got), _terms(ref))
+    np.testing.assert_allclose(np.asarray(got_stats.dropped_norm), np.asarray(ref_stats.dropped_norm), atol=1e-12)
+
+
+def test_a_word_spawned_onto_new_sites_is_split_there():
+    """Z0 meets RXX(0, 1) first (the circuit runs backward) and spawns Y0 X1, which acts on qubit 1:
+    the RZ on qubit 1 before it must split it, though no word acted there when the loop began."""
+    c = pp.Circuit(N).rz(1, 0.9).append("pauli_rotation", [0, 1], 0.6, pauli="XX")
+    obs = pp.PauliSum.from_list([("Z", [0], 1.0)], N)
+    got, _ = pp.propagate(c, obs)
+    labels = {label: coeff for label, coeff in zip(got.labels(), np.asarray(got.coeffs)) if coeff != 0}
+    assert len(labels) == 3  # Z0, and Y0 X1 split by RZ(1) into Y0 X1 and Y0 Y1
+    # on |+i>|+>, where <Y0 X1> = 1: the value follows the RZ's cosine
+    small = pp.Circuit(2).rz(1, 0.9).append("pauli_rotation", [0, 1], 0.6, pauli="XX")
+    exact = float(pp.expectation(small, pp.PauliSum.from_labels({"ZI": 1.0}), state="r+", method="statevector"))
+    assert abs(float(pp.expectation(c, obs, state="r+" + "0" * (N - 2))) - exact) < 1e-12
+    assert abs(exact - math.cos(0.6)) > 0.1  # the Y0 X1 term counts
 
 
 @settings(max_examples=8)

@@ -496,3 +496,57 @@ def test_compile_options_that_xla_does_not_know_are_dropped(monkeypatch):
     if jax.default_backend() == "cpu":
         assert not PR._xla_knows("xla_no_such_option_anywhere", True)
         assert PR._xla_knows("xla_backend_optimization_level", 0)
+
+
+def test_a_cpu_batch_of_large_members_runs_them_side_by_side_each_its_own(monkeypatch):
+    """On CPUs a batch whose buffers start large runs its members on threads, each driven alone (its
+    own capacity growth): every member's value, propagated sum and dropped norms are those of its
+    own call, and the stats have the vmapped batch's shapes."""
+    PR = sys.modules["pauliprop.propagate"]
+    c = pp.Circuit(40)
+    for step in range(3):
+        for q in range(6):
+            c.rx(q, pp.Param(q % 2))
+        for q in range(5):
+            c.rzz(q, q + 1, -math.pi / 2)
+    obs = pp.PauliSum.from_list([("Z", [2], 1.0), ("XX", [0, 5], 0.5)], 40)
+    trunc = pp.Truncation(max_terms=40, min_abs_coeff=1e-4)
+    batch = np.array([[0.3, -1.2], [1.1, 0.4], [0.0, 2.5]])
+    kw = dict(truncation=trunc, initial_capacity=16, return_stats=True)
+    vmapped_vals, vmapped_stats = pp.expectation(c, obs, batch, **kw)
+    vmapped_sum, _ = pp.propagate(c, obs, batch, truncation=trunc, initial_capacity=16)
+    drives = []
+    real_drive = PR._drive_side_by_side
+    monkeypatch.setattr(PR, "_drive_side_by_side", lambda *a: drives.append(a[-1]) or real_drive(*a))
+    monkeypatch.setattr(PR, "SIDE_BY_SIDE_CAPACITY", 16)
+    monkeypatch.setattr(PR, "_cores", lambda: 2)
+    vals, stats = pp.expectation(c, obs, batch, **kw)
+    summed, _ = pp.propagate(c, obs, batch, truncation=trunc, initial_capacity=16)
+    assert drives == [2, 2]  # both calls ran side by side, on two threads
+    for got, want in zip(stats, vmapped_stats):
+        assert np.shape(got) == np.shape(want)
+    for k, q in enumerate(batch):
+        v, s = pp.expectation(c, obs, q, **kw)
+        assert float(vals[k]) == float(v) and abs(float(vmapped_vals[k]) - float(v)) < 1e-12
+        np.testing.assert_array_equal(np.asarray(stats.dropped_norm)[k], np.asarray(s.dropped_norm))
+        one, _ = pp.propagate(c, obs, q, truncation=trunc, initial_capacity=16)
+        mine = {(a.tobytes(), b.tobytes()): w for a, b, w in zip(np.asarray(summed.x[k]), np.asarray(summed.z[k]),
+                                                                   np.asarray(summed.coeffs[k])) if w != 0}
+        ref = {(a.tobytes(), b.tobytes()): w for a, b, w in zip(np.asarray(one.x), np.asarray(one.z),
+                                                                 np.asarray(one.coeffs)) if w != 0}
+        assert mine == ref
+
+
+def test_capacities_below_the_observables_merge_bucket_work():
+    """The observable's merge runs in a buffer of at least 64 slots; a capacity (or a first capacity)
+    below that, still holding the observable, runs and grows as any other."""
+    c = pp.Circuit(3).rx(0, 0.4).rzz(0, 1, 0.9).ry(2, -0.3).cx(1, 2)
+    obs = pp.PauliSum.from_labels({"ZII": 1.0, "IXZ": 0.5})
+    exact = float(pp.expectation(c, obs, method="statevector"))
+    for kw in (dict(capacity=4), dict(initial_capacity=2), dict(capacity=16)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # capacity=4 may overflow (reported)
+            val, stats = pp.expectation(c, obs, return_stats=True, **kw)
+        if not bool(stats.overflow):
+            assert abs(float(val) - exact) < 1e-12, kw
+    assert not bool(pp.expectation(c, obs, initial_capacity=2, return_stats=True)[1].overflow)
