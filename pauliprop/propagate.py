@@ -9,7 +9,8 @@ and warned about. Gradients come from the engine's own reverse mode (adjoint.py)
 
 Programs are shared: the compiled loop depends on the capacity, the lanes, the rules that exist,
 the truncation semantics and the bucketed lengths of the tables, not on the gates; params may be a
-batch (B, P) of parameter sets, which run together in one program.
+batch (B, P) of parameter sets, which run together in one program (on CPUs, a batch of large
+members instead runs them side by side on the cores, each alone: `_drive_side_by_side`).
 """
 
 from __future__ import annotations
