@@ -60,8 +60,9 @@ def popcount(a):
 
 
 def weight(x, z):
-    """Number of non-identity sites of each word: (T, W) -> (T,)."""
-    return popcount(x | z).sum(axis=-1)
+    """Number of non-identity sites of each word: (T, W) -> (T,) int32 (a plain sum widens to int64
+    under x64, and XLA:GPU then keeps 8 bytes a word of it)."""
+    return popcount(x | z).sum(axis=-1, dtype=jnp.int32)
 
 
 def anticommutes(x, z, gx, gz):
@@ -79,8 +80,10 @@ def product_sign(x, z, gx, gz):
     so i G P = i^(e+1) R = (-1)^((e+1)/2) R.
     """
     rx, rz = x ^ gx, z ^ gz
-    e = (popcount(gx & gz).sum(-1) + popcount(x & z).sum(-1) - popcount(rx & rz).sum(-1)
-         + 2 * popcount(gz & x).sum(-1))
+    # one int32 sum over the lanes of the four counts: four sums each held as int64 (x64) made XLA:GPU
+    # keep 32 bytes a word, four times over at the peak of a rotation's program (buffer assignment,
+    # 2^22 slots on an H100)
+    e = (popcount(gx & gz) + popcount(x & z) - popcount(rx & rz) + 2 * popcount(gz & x)).sum(-1, dtype=jnp.int32)
     return jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
 
 
