@@ -338,23 +338,16 @@ def main(argv=None):
                 print(f"# pauliprop-batch: {len(angles)} angles, first call {batch['batch_first_call_s']:.2f} s, "
                       f"later {batch['batch_seconds']:.2f} s", flush=True)
             except Exception as e:
-                batch = dict(status=f"error: {type(e).__name__}: {e}")
+                batch = f"error: {type(e).__name__}: {e}"  # recorded as each angle's status
                 traceback.print_exc()
         for k in angles:
             ref_vals = {name: (refs[w][name].get(k) if steps == spec["ref_steps"] else None) for name, _, _ in spec["refs"]}
-            if batch is not None:
-                value = batch.get("values", {}).get(k)
-                rec = dict(workload=w, observable=spec["desc"], steps=steps, k=k, theta_h=k * math.pi / 32,
-                           reference=ref_vals, reference_primary=spec["primary"], tool="pauliprop-batch", value=value,
-                           status=batch.get("status", "ok"), **{n: v for n, v in batch.items() if n not in ("values", "status")})
-                rec["abs_error"] = {n: (abs(value - r) if value is not None and r is not None else None)
-                                    for n, r in ref_vals.items()}
-                rec["abs_error_primary"] = rec["abs_error"].get(spec["primary"])
-                records.append(rec)
-                save()
             base = dict(workload=w, observable=spec["desc"], steps=steps, k=k, theta_h=k * math.pi / 32,
                         reference=ref_vals, reference_primary=spec["primary"])
             jobs = []
+            if batch is not None:  # this angle's share of the batch that already ran
+                jobs.append(("pauliprop-batch", batch if isinstance(batch, str) else lambda: dict(
+                    {n: v for n, v in batch.items() if n != "values"}, value=batch["values"][k])))
             if not args.skip_ours:
                 jobs.append(("pauliprop", lambda: run_ours(w, steps, k, trunc, args.repeats, capacity)))
             for mode in peer_modes:

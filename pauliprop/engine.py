@@ -352,15 +352,20 @@ def support(buf: Buffer):
     return lax.reduce(jnp.where(buf.live[:, None], buf.words, jnp.uint32(0)), jnp.uint32(0), lax.bitwise_or, (0,))
 
 
+def _generator(T, u):
+    """(the rotation table's row of unit u, clamped into the table, and its generator's x and z lanes)."""
+    j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
+    return j, T["rot_gx"][j], T["rot_gz"][j]
+
+
 def _rotation(buf: Buffer, u, T, params, acts=None, split=True):
     """(angle, generator word, anticommuting live words, their count) of the rotation of unit u.
     acts: a superset of where the live words act (`support`), or None. Where no live word can
     anticommute with the generator (it meets none of their sites: outside the observable's light
     cone, most rotations of a deep circuit's last layers), or the unit is no rotation (not `split`),
     the pass over the buffer is skipped."""
-    j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
+    j, gx, gz = _generator(T, u)
     angle = _angle(T, j, params).astype(buf.coeffs.dtype)
-    gx, gz = T["rot_gx"][j], T["rot_gz"][j]
 
     def anticommuting():
         ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
@@ -578,9 +583,8 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
         if cfg.skip_unmet:  # where the live words act, kept as a superset: a rotation's new words act
             # on its generator's sites too, truncation only removes words; other units move words: their OR
             kind = T["u_kind"][jnp.minimum(u, num_units - 1)]
-            j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
-            acts = lax.cond(shared(kind == _s.U_SPLIT),
-                            lambda: acts | jnp.concatenate([T["rot_gx"][j], T["rot_gz"][j]]), lambda: support(b))
+            _, gx, gz = _generator(T, u)
+            acts = lax.cond(shared(kind == _s.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]), lambda: support(b))
         return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count, acts
 
     def body(carry):
