@@ -15,7 +15,8 @@ Workloads:
            optionally then measuring every qubit (--measure-all).
 
 Tools: ours (defaults: the Pallas kernels that are on by default on GPUs), ours-jax (every kernel off,
-STABILIZER_KERNEL=jax), stim, quasarq, custabilizer (cuquantum.stabilizer.FrameSimulator: frame
+STABILIZER_KERNEL=jax), ours-slots (a MEASURE op one collapse at a time, as before issue 18's
+measurement blocks: STABILIZER_MEASURE=slots), stim, quasarq, custabilizer (cuquantum.stabilizer.FrameSimulator: frame
 simulation of the circuit text, the measurement record as flips; detector rates from it through
 Stim's m2d converter; `unavailable` where cuquantum does not import).
 Each (tool, workload) runs in its own subprocess with a time limit, so a crash (QuaSARQ 1.7.2
@@ -292,6 +293,7 @@ def run_isolated(spec: dict, timeout: float) -> dict:
     """Run `worker(spec)` in a subprocess; a crash or timeout becomes the record."""
     t0 = time.perf_counter()
     env = os.environ | ({"STABILIZER_KERNEL": "jax"} if spec["tool"] == "ours-jax" else {})
+    env |= {"STABILIZER_MEASURE": "slots"} if spec["tool"] == "ours-slots" else {}
     try:
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
                               text=True, timeout=timeout, env=env)
