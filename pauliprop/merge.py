@@ -356,9 +356,9 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
                 return jnp.where(i < cap, weight(words[a]), weight(sw[b]))
 
             # max_terms: the bucket selection (fast, common at saturation); otherwise this is the overflow
-            # path, which reruns at a larger capacity: the radix select, which compiles faster
+            # path, which reruns at a larger capacity: one sort, which compiles fastest
             kept = _t.keep_largest(mag, both, limit, tiebreak=weight_at,
-                                   method="radix" if limits.max_terms is None and on_cpu() else None)
+                                   method="sort" if limits.max_terms is None and on_cpu() else None)
             return kept[:cap], kept[cap:], jnp.sum(jnp.where(both & ~kept, mag, 0))
 
         live, keep_new, cut_norm = lax.cond(shared(count(live) + count(keep_new) > cap), cut_both,

@@ -112,18 +112,20 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     `tiebreak` (the Pauli weight: low-weight words are the likelier to overlap the state), then the
     earliest position, so the kept set does not depend on the merge path. `tiebreak` is an array or a
     function of an index array (then only the entries that can matter are evaluated).
-    Selection works on the float's bit pattern (monotone for values >= 0), with no full sort:
-    "bucket" (CPUs): one 16-bit histogram finds the bucket holding the k-th largest, and the exact
-    selection runs on its few entries (1.8 ms instead of 4 ms at 1.4e5 entries, kicked-Ising data); a
-    bucket larger than BUCKET_ROOM falls back to "radix": six 11-bit histogram passes over all entries.
-    "bisect" (GPUs): one fused count per bit (histograms would serialise on atomics).
+    Selection works on the float's bit pattern (monotone for values >= 0):
+    "bucket" (CPUs): 8-bit histograms of the bits, most significant first, narrow the threshold down
+    to a bucket of at most BUCKET_ROOM entries, which are gathered and sorted (`_bucket_cut`); more
+    exactly equal magnitudes than that at the threshold take "sort". "sort": one sort of every entry
+    by (-magnitude, tiebreak, position). "bisect" (GPUs): one fused count per bit (histograms would
+    serialise on atomics), then the ties by a histogram of the tiebreak and a prefix count.
+    The CPU methods are built from few, small kernels: each copy of the selection in a program costs
+    its compilation (XLA:CPU compiles every fusion, about 20 ms each on one core).
     """
     method = method or ("bucket" if jax.default_backend() == "cpu" else "bisect")
-    if method not in ("bucket", "radix", "bisect"):
+    if method not in ("bucket", "sort", "bisect"):
         raise ValueError(f"unknown keep_largest method {method!r}")
     itype = jnp.int64 if magnitudes.dtype == jnp.float64 else jnp.int32
     bits = lax.bitcast_convert_type(magnitudes, itype)
-    value_bits = 63 if itype == jnp.int64 else 31  # the sign bit is 0 for magnitudes
     if tiebreak is None:
         tb_at = lambda i: jnp.zeros(i.shape, jnp.int32)
     else:
@@ -131,52 +133,97 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
         tb_at = lambda i: jnp.clip(at(i), 0, TIE_LEVELS - 1).astype(jnp.int32)
     everywhere = lambda: tb_at(jnp.arange(bits.shape[0])) if callable(tiebreak) or tiebreak is None else \
         jnp.clip(tiebreak, 0, TIE_LEVELS - 1).astype(jnp.int32)
-    keep = lambda: _select_and_break_ties(bits, mask, k, everywhere(), value_bits, itype, method)
-    if method != "bucket":
-        return keep()
-    return _bucket_cut(bits, mask, k, tb_at, value_bits, itype, keep)
+    if method == "bisect":
+        return _select_and_break_ties(bits, mask, k, everywhere(), 63 if itype == jnp.int64 else 31, itype)
+    covered = count(mask) <= k
+    if method == "sort":
+        return jnp.where(covered, mask, _sorted_cut(bits, mask, k, everywhere()))
+    return _bucket_cut(bits, mask, k, covered, tb_at, lambda: _sorted_cut(bits, mask, k, everywhere()))
 
 
 TIE_LEVELS = 1024  # tiebreak values are clipped to [0, TIE_LEVELS)
-BUCKET_BITS = 16
-BUCKET_ROOM = 4096  # entries of the threshold's bucket that "bucket" gathers
+DIGIT_BITS = 16  # bits a level of the bucket search resolves
+BUCKET_ROOM = 4096  # entries of the threshold's bucket that "bucket" gathers and sorts
 
 
-def _bucket_cut(bits, mask, k, tb_at, value_bits, itype, fallback):
-    """keep_largest by one histogram of the top bits and an exact selection in the threshold's bucket."""
-    width = BUCKET_BITS
-    shift = value_bits - width
-    size = 1 << width
-    top = (bits >> shift).astype(jnp.int32)
-    hist = histogram(jnp.where(mask, top, size), size)
-    d, above = _kth_largest_bin(hist, k)
+def _descending(bits, mask, tb):
+    """Two sort keys that put the entries of `mask` first, larger (non-negative) bit patterns first,
+    then smaller tiebreaks: an entry outside the mask gets the largest first key and a tiebreak
+    (TIE_LEVELS) above any entry's, so it follows every entry (zero magnitudes have that key too)."""
+    unsigned = jnp.uint64 if bits.dtype == jnp.int64 else jnp.uint32
+    return jnp.where(mask, ~bits.astype(unsigned), unsigned(jnp.iinfo(unsigned).max)), jnp.where(mask, tb, TIE_LEVELS)
+
+
+def _sorted_cut(bits, mask, k, tb):
+    """keep_largest by one stable sort of every entry by (-magnitude, tiebreak); masked-out entries
+    last."""
+    n = bits.shape[0]
+    _, _, at = lax.sort((*_descending(bits, mask, tb), jnp.arange(n, dtype=jnp.int32)), num_keys=2, is_stable=True)
+    return jnp.zeros(n, bool).at[at].set(jnp.arange(n) < k) & mask
+
+
+def _bucket_cut(bits, mask, k, covered, tb_at, fallback):
+    """keep_largest: a loop of 16-bit histograms over the entries that share the digits found so far
+    finds the bucket (a prefix of the bits) that holds the k-th largest and at most BUCKET_ROOM
+    entries (kicked-Ising cuts: one level, a few two); the entries above it are kept, its own are
+    gathered and cut by two one-key sorts (a sort with several keys or a payload costs 6x more on
+    XLA:CPU): by (-magnitude, position), which finds the threshold, then the entries tied at it by
+    (tiebreak, position). The program holds one histogram and two small sorts."""
+    n = bits.shape[0]
+    room = min(BUCKET_ROOM, n)
+    total = 64 if bits.dtype == jnp.int64 else 32
+    size = 1 << DIGIT_BITS
+    unsigned = jnp.uint64 if total == 64 else jnp.uint32
+    ubits = bits.astype(unsigned)
+    # the leading `b` bits of every entry (0 bits: 0; a shift by the type's width is undefined)
+    leading = lambda b: jnp.where(b > 0, ubits >> (total - jnp.maximum(b, 1)).astype(unsigned), 0)
+
+    def level(state):
+        depth, prefix, above, _ = state
+        inside = mask & (leading(DIGIT_BITS * depth) == prefix)
+        digit = (leading(DIGIT_BITS * (depth + 1)) & (size - 1)).astype(jnp.int32)
+        hist = histogram(jnp.where(inside, digit, size), size)
+        d, higher = _kth_largest_bin(hist, k - above)
+        return depth + 1, (prefix << DIGIT_BITS) | d.astype(unsigned), above + higher.astype(jnp.int32), hist[d]
+
+    # at least one level (then the bucket's entries share 16 bits, and its rest fits a sort key)
+    narrow = lambda state: (state[3] > room) & (state[0] < total // DIGIT_BITS)
+    depth, prefix, above, inside = lax.while_loop(lambda s: shared(narrow(s)), level,
+                                                  (jnp.int32(0), jnp.zeros((), unsigned), jnp.int32(0),
+                                                   jnp.int32(room + 1)))
+    top = leading(DIGIT_BITS * depth)
+    higher = mask & (top > prefix)
 
     def gathered_bucket(_):
-        # the bucket's entries, in position order, then the exact selection among those few
-        n = bits.shape[0]
-        room = min(BUCKET_ROOM, n)
-        src = first_set(mask & (top == d), room)
+        src = first_set(mask & (top == prefix), room)  # the bucket's entries in position order
         ok = src < n
         s = jnp.minimum(src, n - 1)
-        kept = _select_and_break_ties(bits[s], ok, k - above, tb_at(s), value_bits, itype, "radix")
-        return (mask & (top > d)).at[jnp.where(ok, src, n)].set(kept, mode="drop")
+        ib = max(1, (room - 1).bit_length())  # bits of an index into the gathered entries
+        at = jnp.arange(room, dtype=unsigned)
+        rest = (unsigned(1) << (total - DIGIT_BITS * depth).astype(unsigned)) - 1  # the bits below the prefix
+        low = ubits[s] & rest
+        order = lax.sort(jnp.where(ok, ((rest - low) << ib) | at, unsigned(jnp.iinfo(unsigned).max))) & unsigned((1 << ib) - 1)
+        need = k - above
+        t = low[order[jnp.clip(need - 1, 0, room - 1)]]  # the k-th largest's bits
+        kept = ok & (low > t)
+        tied = ok & (low == t)
+        # the tied entries by (tiebreak, position): the first `need - kept` of them stay
+        tie_key = (tb_at(s).astype(jnp.uint32) << ib) | at.astype(jnp.uint32)
+        none = jnp.uint32(0xFFFFFFFF)
+        ranked = lax.sort(jnp.where(tied, tie_key, none))
+        ranked = jnp.where(ranked == none, room, ranked & jnp.uint32((1 << ib) - 1))  # room: not tied, dropped
+        chosen = jnp.zeros(room, bool).at[ranked].set(jnp.arange(room) < need - count(kept), mode="drop")
+        return higher.at[jnp.where(kept | (tied & chosen), src, n)].set(True, mode="drop")
 
-    covered = count(mask) <= k
-    pick = jnp.where(covered, 0, jnp.where(hist[d] <= min(BUCKET_ROOM, bits.shape[0]), 1, 2))
+    pick = jnp.where(covered, 0, jnp.where(inside <= room, 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
     return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: fallback()], None))
-
-
-def histogram(bins, size: int):
-    """int32 counts of bins in [0, size); entries equal to size (or beyond) are not counted.
-    (jnp.bincount counts in int64 under x64, and its prefix sums then cost twice as much.)"""
-    return jnp.zeros(size, jnp.int32).at[bins].add(1, mode="drop")
 
 
 def _kth_largest_bin(hist, k):
     """(d, above): the bin holding the k-th largest entry (counting from the top bin down) and the
     number of entries in bins above it. Two levels of sqrt(size) bins, so that no prefix sum runs
-    over the whole histogram (a 65536-bin cumsum took 0.15 ms per cut on the 2-core CPU)."""
+    over the whole histogram (a 65536-bin cumsum takes 0.5 ms on one core of the 2-core CPU)."""
     size = hist.shape[0]
     side = 1 << ((size.bit_length() - 1) // 2)
     rows = hist.reshape(size // side, side)
@@ -189,8 +236,16 @@ def _kth_largest_bin(hist, k):
     return r * side + c, above
 
 
-def _select_and_break_ties(bits, mask, k, tb, value_bits, itype, method):
-    t = (_radix_select if method in ("bucket", "radix") else _bisect_select)(bits, mask, k, value_bits, itype)
+def histogram(bins, size: int):
+    """int32 counts of bins in [0, size); entries equal to size (or beyond) are not counted.
+    (jnp.bincount counts in int64 under x64, and its prefix sums then cost twice as much.)"""
+    return jnp.zeros(size, jnp.int32).at[bins].add(1, mode="drop")
+
+
+def _select_and_break_ties(bits, mask, k, tb, value_bits, itype):
+    """keep_largest on GPUs: the threshold by bisection, then the ties at it by a histogram of the
+    tiebreak and a prefix count."""
+    t = _bisect_select(bits, mask, k, value_bits, itype)
     above = mask & (bits > t)
     ties = mask & (bits == t)
     room = k - count(above)
@@ -203,31 +258,6 @@ def _select_and_break_ties(bits, mask, k, tb, value_bits, itype, method):
     room = room - below
     tie_rank = prefix_count(ties) - 1
     return above | (ties & (tie_rank < room))
-
-
-def _radix_select(bits, mask, k, value_bits, itype):
-    """The k-th largest of bits[mask], most significant digit first: one histogram a digit, in a
-    fori_loop (a single histogram in the program: XLA:CPU compiles each scatter for tens of ms)."""
-    unsigned = jnp.uint64 if itype == jnp.int64 else jnp.uint32
-    width = 9 if itype == jnp.int64 else 8  # 7 digits of the 63 value bits, or 4 of 32 (the sign bit is 0)
-    digits = -(-value_bits // width)
-    size = 1 << width
-    ubits = bits.astype(unsigned)
-
-    def digit_step(i, carry):
-        prefix, need = carry
-        shift = ((digits - 1 - i) * width).astype(unsigned)
-        # shifts past the type's width give 0 in XLA, so the first digit's prefix test passes everywhere
-        in_prefix = mask & ((ubits >> (shift + width)) == prefix)
-        digit = ((ubits >> shift) & (size - 1)).astype(jnp.int32)
-        hist = histogram(jnp.where(in_prefix, digit, size), size)
-        at_least = jnp.cumsum(hist[::-1])[::-1]  # at_least[d] = count with digit >= d
-        d = jnp.sum(at_least >= need) - 1  # at_least is non-increasing: the ok digits are a prefix
-        above = jnp.where(d + 1 < size, at_least[jnp.minimum(d + 1, size - 1)], 0)
-        return (prefix << width) | d.astype(unsigned), need - above
-
-    prefix, _ = lax.fori_loop(0, digits, digit_step, (jnp.zeros((), unsigned), jnp.asarray(k, jnp.int32)))
-    return prefix.astype(itype)
 
 
 def _bisect_select(bits, mask, k, value_bits, itype):

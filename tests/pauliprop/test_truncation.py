@@ -13,6 +13,8 @@ Two facts hold for every truncation and are checked everywhere:
 
 from __future__ import annotations
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,7 +63,7 @@ def test_violations_charge_each_term_to_its_first_rule():
 
 # ---- keep_largest ----------------------------------------------------------------------------------
 
-METHODS = ["bucket", "radix", "bisect"]  # the CPU selection, its fallback, the GPU selection; all run anywhere
+METHODS = ["bucket", "sort", "bisect"]  # the CPU selection, its fallback, the GPU selection; all run anywhere
 _keep_largest = jax.jit(T.keep_largest, static_argnames=("method",))
 _keep_largest_tb = jax.jit(lambda m, mask, k, tb, method: T.keep_largest(m, mask, k, method=method, tiebreak=tb),
                            static_argnames=("method",))
@@ -112,7 +114,7 @@ def test_keep_largest_keeps_the_k_largest(mags, mask, k, dtype, method, tiebreak
 
 @pytest.mark.parametrize("method", METHODS)
 def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
-    """Thousands of equal magnitudes at the threshold (the bucket method falls back to the radix select)."""
+    """Thousands of equal magnitudes at the threshold (the bucket method falls back to the full sort)."""
     rng = np.random.default_rng(3)
     n = 3 * T.BUCKET_ROOM
     mags = np.where(rng.random(n) < 0.8, 0.25, rng.random(n))
@@ -127,6 +129,50 @@ def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
     # the tiebreak given as a function of indices (evaluated only where needed) selects the same
     as_function = jax.jit(lambda m, mk, t: T.keep_largest(m, mk, k, method=method, tiebreak=lambda i: t[i]))
     np.testing.assert_array_equal(np.asarray(as_function(jnp.asarray(mags), jnp.asarray(mask), jnp.asarray(tb))), want)
+
+
+def _want(mags, mask, k, tb):
+    order = sorted(np.flatnonzero(mask), key=lambda i: (-mags[i], tb[i], i))
+    want = np.zeros(len(mags), bool)
+    want[order[:k]] = True
+    return want
+
+
+def _keep_in_a_room_of_four(mags, mask, k, tb):
+    with mock.patch.object(T, "BUCKET_ROOM", 4):  # read while tracing: this program gathers 4 entries at most
+        return T.keep_largest(mags, mask, k, method="bucket", tiebreak=tb)
+
+
+_keep_small_room = jax.jit(_keep_in_a_room_of_four)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from([0.0, 1e-30, 0.5, 0.5000000000000001, 0.5000000000000002, 1.0, 1.0000000000000002])
+                | st.floats(0, 4) | st.builds(lambda m, e: m * 2.0 ** e, st.floats(1, 2), st.integers(-60, 60)),
+                min_size=48, max_size=48),
+       st.lists(st.booleans(), min_size=48, max_size=48), st.integers(1, 50), st.sampled_from([np.float64, np.float32]),
+       st.lists(st.integers(0, 3), min_size=48, max_size=48))
+def test_keep_largest_bucket_search_in_a_small_room(mags, mask, k, dtype, tiebreak):
+    """With a room of 4 entries the bucket method narrows through several levels of digits, gathers a
+    bucket, or (more than 4 equal magnitudes at the threshold) sorts everything: all keep the same
+    set as the definition, (-magnitude, tiebreak, position)."""
+    mags, mask, tb = np.asarray(mags).astype(dtype), np.asarray(mask), np.asarray(tiebreak)
+    got = np.asarray(_keep_small_room(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb)))
+    np.testing.assert_array_equal(got, _want(mags, mask, k, tb))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keep_largest_of_many_distinct_magnitudes(method):
+    """Tens of thousands of distinct magnitudes over many binades (a saturated propagation's buffer):
+    the bucket method narrows to a bucket it gathers."""
+    rng = np.random.default_rng(5)
+    n = 12 * T.BUCKET_ROOM
+    mags = 10.0 ** rng.uniform(-6, 0, n)
+    mask = rng.random(n) < 0.95
+    tb = rng.integers(0, 9, n)
+    for k in (1, 777, n // 2, int(mask.sum()) - 1):
+        got = np.asarray(_keep_largest_tb(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb), method))
+        np.testing.assert_array_equal(got, _want(mags, mask, k, tb))
 
 
 # ---- the engine against the reference propagator ------------------------------------------------------
