@@ -550,3 +550,29 @@ def test_capacities_below_the_observables_merge_bucket_work():
         if not bool(stats.overflow):
             assert abs(float(val) - exact) < 1e-12, kw
     assert not bool(pp.expectation(c, obs, initial_capacity=2, return_stats=True)[1].overflow)
+
+
+def test_threads_that_start_together_share_one_program(monkeypatch):
+    """A CPU batch runs its members on threads (propagate._drive_side_by_side), which ask for the
+    same program at the same moment: they get one jitted function (so one compilation), not one
+    each. jax.jit is slowed down here so that, unguarded, both threads would build their own."""
+    import threading
+    import time
+
+    PR = sys.modules["pauliprop.propagate"]
+    jit = jax.jit
+    monkeypatch.setattr(PR.jax, "jit", lambda *a, **k: time.sleep(0.3) or jit(*a, **k))
+    c = pp.Circuit(3).h(0).cx(0, 1).rx(2, pp.Param(0))
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    cfg = PR._config(low, pp.Truncation(), 64, True, jax.default_backend())._replace(unroll=3)  # a key no other test has
+    got = [None, None]
+
+    def ask(i):
+        got[i] = PR._forward_jit(cfg, False, jax.default_backend())
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is got[1] is not None
