@@ -576,3 +576,26 @@ def test_threads_that_start_together_share_one_program(monkeypatch):
     for t in threads:
         t.join()
     assert got[0] is got[1] is not None
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([3, 40, 127]), st.data(), st.sampled_from([0.0, 1e-9, 0.3, -2.5]),
+       st.sampled_from([None, 0, 2, 5]), st.sampled_from([None, 1e-6, 0.5]), st.sampled_from([None, 1, 7]))
+def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n, data, coeff, max_weight,
+                                                                              min_abs_coeff, max_terms):
+    """One term needs no merge program: the host's buffer, live count and dropped norms equal the
+    merge program's, for every rule that can drop or keep it."""
+    PR = sys.modules["pauliprop.propagate"]
+    label = "".join(data.draw(st.lists(st.sampled_from("IIXYZ"), min_size=n, max_size=n)))
+    obs = pp.PauliSum.from_labels({label: coeff})
+    trunc = pp.Truncation(max_weight=max_weight, min_abs_coeff=min_abs_coeff, max_terms=max_terms)
+    c = pp.Circuit(n).rx(0, pp.Param(0))
+    low = PR.lowered(c, trunc, "cpu")
+    dtype = jnp.result_type(float)
+    host_buf, host_live = PR._one_term_merged(obs, trunc, dtype, 64)
+    cfg = PR._config(low, trunc, 64, True, "cpu")
+    prog_buf, prog_live = PR._merge_jit(cfg, "cpu")(low.device_tables("cpu"), PR._initial_buffer(obs, 64, dtype),
+                                                     trunc.limits(dtype))
+    assert int(host_live) == int(prog_live)
+    for a, b in zip(host_buf, prog_buf):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
