@@ -298,8 +298,9 @@ def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, li
 def _one_term_merged(obs: PauliSum, truncation: _t.Truncation, dtype, slots: int) -> tuple[_e.Buffer, int]:
     """The merge of a one-term observable (a single Pauli, the common case), on the host: nothing to
     sum, and max_terms >= 1 cuts nothing, so only max_weight and min_abs_coeff can drop the term,
-    charged as the merge charges them. The merge program's result, without compiling it (0.5-0.7 s
-    of a fresh process on the 2-core CPU; on GPUs its copy to the device stays)."""
+    charged as the merge charges them (a term is charged to its first rule, as in
+    truncation.violations). The merge program's result, without compiling it (0.5-0.7 s of a fresh
+    process on the 2-core CPU; on GPUs its copy to the device stays)."""
     buf = _initial_buffer(obs, slots, dtype)
     limits = truncation.limits(dtype)  # the values the program compares with, in its dtypes
     mag = np.abs(buf.coeffs[0])

@@ -113,7 +113,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     earliest position, so the kept set does not depend on the merge path. `tiebreak` is an array or a
     function of an index array (then only the entries that can matter are evaluated).
     Selection works on the float's bit pattern (monotone for values >= 0):
-    "bucket" (CPUs): 8-bit histograms of the bits, most significant first, narrow the threshold down
+    "bucket" (CPUs): 16-bit histograms of the bits, most significant first, narrow the threshold down
     to a bucket of at most BUCKET_ROOM entries, which are gathered and sorted (`_bucket_cut`); more
     exactly equal magnitudes than that at the threshold take "sort". "sort": one sort of every entry
     by (-magnitude, tiebreak, position). "bisect" (GPUs): one fused count per bit (histograms would
