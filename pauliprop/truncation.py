@@ -115,7 +115,8 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     Selection works on the float's bit pattern (monotone for values >= 0):
     "bucket" (CPUs): 16-bit histograms of the bits, most significant first, narrow the threshold down
     to a bucket of at most BUCKET_ROOM entries, which are gathered and sorted (`_bucket_cut`); more
-    exactly equal magnitudes than that at the threshold take "sort". "sort": one sort of every entry
+    exactly equal magnitudes than that at the threshold are the threshold itself, and its ties are
+    cut as "bisect" cuts them (`_keep_ties`). "sort": one sort of every entry
     by (-magnitude, tiebreak, position). "bisect" (GPUs): one fused count per bit (histograms would
     serialise on atomics), then the ties by a histogram of the tiebreak and a prefix count.
     The CPU methods are built from few, small kernels: each copy of the selection in a program costs
@@ -138,7 +139,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     covered = count(mask) <= k
     if method == "sort":
         return jnp.where(covered, mask, _sorted_cut(bits, mask, k, everywhere()))
-    return _bucket_cut(bits, mask, k, covered, tb_at, lambda: _sorted_cut(bits, mask, k, everywhere()))
+    return _bucket_cut(bits, mask, k, covered, tb_at, lambda t: _keep_ties(bits, mask, k, t, everywhere()))
 
 
 TIE_LEVELS = 1024  # tiebreak values are clipped to [0, TIE_LEVELS)
@@ -162,13 +163,14 @@ def _sorted_cut(bits, mask, k, tb):
     return jnp.zeros(n, bool).at[at].set(jnp.arange(n) < k) & mask
 
 
-def _bucket_cut(bits, mask, k, covered, tb_at, fallback):
+def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
     """keep_largest: a loop of 16-bit histograms over the entries that share the digits found so far
     finds the bucket (a prefix of the bits) that holds the k-th largest and at most BUCKET_ROOM
     entries (kicked-Ising cuts: one level, a few two); the entries above it are kept, its own are
     gathered and cut by two one-key sorts (a sort with several keys or a payload costs 6x more on
     XLA:CPU): by (-magnitude, position), which finds the threshold, then the entries tied at it by
-    (tiebreak, position). The program holds one histogram and two small sorts."""
+    (tiebreak, position). A bucket still larger after every digit holds only the threshold's ties:
+    `ties_at(threshold)` cuts them. The program holds one histogram and two small sorts."""
     n = bits.shape[0]
     room = min(BUCKET_ROOM, n)
     total = 64 if bits.dtype == jnp.int64 else 32
@@ -217,7 +219,7 @@ def _bucket_cut(bits, mask, k, covered, tb_at, fallback):
 
     pick = jnp.where(covered, 0, jnp.where(inside <= room, 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
-    return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: fallback()], None))
+    return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix.astype(bits.dtype))], None))
 
 
 def _kth_largest_bin(hist, k):
@@ -243,9 +245,14 @@ def histogram(bins, size: int):
 
 
 def _select_and_break_ties(bits, mask, k, tb, value_bits, itype):
-    """keep_largest on GPUs: the threshold by bisection, then the ties at it by a histogram of the
-    tiebreak and a prefix count."""
-    t = _bisect_select(bits, mask, k, value_bits, itype)
+    """keep_largest on GPUs: the threshold by bisection, then its ties (`_keep_ties`)."""
+    return _keep_ties(bits, mask, k, _bisect_select(bits, mask, k, value_bits, itype), tb)
+
+
+def _keep_ties(bits, mask, k, t, tb):
+    """keep_largest given its threshold t (the k-th largest bits): every entry above t, and of those
+    tied at t the smallest tiebreaks, then the earliest positions, by a histogram of the tiebreak
+    and a prefix count (no sort)."""
     above = mask & (bits > t)
     ties = mask & (bits == t)
     room = k - count(above)
