@@ -81,6 +81,20 @@ def exact_words(num_qubits: int) -> bool:
     return num_qubits <= 16
 
 
+def tie_keys(words):
+    """The largest-terms cut's tiebreak of each word (truncation.keep_largest): its Pauli weight (low
+    weights are the likelier to overlap the state), then its fingerprint. A function of the word
+    alone, so which of equally large terms a cut keeps does not depend on the slots they sit in (a
+    batch member, another capacity or room keeps the same terms). truncation.TIE_BITS bits (32
+    without x64)."""
+    x, z = halves(words)
+    w = jnp.minimum(_w.weight(x, z), 1023)
+    h1, h2 = _w.fingerprint(x, z)
+    if x64():
+        return (w.astype(jnp.uint64) << 38) | (h1.astype(jnp.uint64) << 6) | (h2 >> 26).astype(jnp.uint64)
+    return (w.astype(jnp.uint32) << 22) | (h1 >> 10)
+
+
 def hashes(words, exact: bool = False):
     """Two uint32 keys per word: its fingerprint, or with `exact` (one lane, at most 16 qubits) the word
     itself (z << 16 | x, 0), which needs no collision check."""
@@ -195,7 +209,7 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     need = count(keep)
     if not (stop and limits.max_terms is None):
         mag = jnp.abs(run_coeff)
-        capped = lax.cond(shared(need > limit), lambda k: _t.keep_largest(mag, k, limit, tiebreak=weight(ws)),
+        capped = lax.cond(shared(need > limit), lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i])),
                           lambda k: k, keep)
         dropped = dropped.at[rule].add(jnp.sum(jnp.where(keep & ~capped, mag, 0)))
         keep = capped
@@ -227,7 +241,7 @@ def _pivot(g):
 
 def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
     """Keep the largest live terms when there are more than max_terms: one pass over the buffer, ties
-    broken by the Pauli weight. Returns (coeffs, meta, dropped); nothing to do without max_terms."""
+    broken by tie_keys. Returns (coeffs, meta, dropped); nothing to do without max_terms."""
     limits = as_limits(truncation)
     if limits.max_terms is None:
         return coeffs, meta, dropped
@@ -237,7 +251,7 @@ def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
     def cut(args):
         coeffs, meta, dropped = args
         mag = jnp.abs(coeffs)
-        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: weight(words[i]))
+        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: tie_keys(words[i]))
         return (jnp.where(kept, coeffs, 0), jnp.where(kept, meta, 0),
                 dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0))))
 
@@ -351,13 +365,13 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
             mag = jnp.concatenate([jnp.abs(coeffs), jnp.abs(sc)])
             both = jnp.concatenate([live, keep_new])
 
-            def weight_at(i):  # the tiebreak, evaluated only where the cut needs it
+            def keys_at(i):  # the tiebreak, evaluated only where the cut needs it
                 a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
-                return jnp.where(i < cap, weight(words[a]), weight(sw[b]))
+                return tie_keys(jnp.where((i < cap)[:, None], words[a], sw[b]))
 
             # max_terms: the bucket selection (fast, common at saturation); otherwise this is the overflow
             # path, which reruns at a larger capacity: one sort, which compiles fastest
-            kept = _t.keep_largest(mag, both, limit, tiebreak=weight_at,
+            kept = _t.keep_largest(mag, both, limit, tiebreak=keys_at,
                                    method="sort" if limits.max_terms is None and on_cpu() else None)
             return kept[:cap], kept[cap:], jnp.sum(jnp.where(both & ~kept, mag, 0))
 

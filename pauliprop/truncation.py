@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from .batching import shared
-from .prefix import count, first_set, prefix_count
+from .prefix import count, first_set
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
@@ -108,17 +108,20 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     """Mask of the k largest magnitudes among `mask`, or `mask` if it has <= k.
 
     Kept: the first k masked entries in the order (-magnitude, tiebreak, position). Ties at the
-    threshold are common (equal-angle circuits give equal magnitudes); they prefer the smallest
-    `tiebreak` (the Pauli weight: low-weight words are the likelier to overlap the state), then the
-    earliest position, so the kept set does not depend on the merge path. `tiebreak` is an array or a
-    function of an index array (then only the entries that can matter are evaluated).
+    threshold are common (equal-angle circuits give equal magnitudes); `tiebreak` decides them:
+    non-negative integer keys below 2**TIE_BITS (2**32 without x64), smallest first, as an array or
+    a function of an index array (then only the entries that can matter are evaluated). The
+    propagation passes `merge.tie_keys` (the Pauli weight, then the word's fingerprint), so which of
+    equally large terms stay depends on the words alone, not on the slots they sit in: a batch, a
+    larger capacity or another room keeps the same terms. Position decides only among equal keys.
     Selection works on the float's bit pattern (monotone for values >= 0):
     "bucket" (CPUs): 16-bit histograms of the bits, most significant first, narrow the threshold down
     to a bucket of at most BUCKET_ROOM entries, which are gathered and sorted (`_bucket_cut`); more
     exactly equal magnitudes than that at the threshold are the threshold itself, and its ties are
-    cut by one sort of (tiebreak, position) packed in a key (`_sorted_ties`). "sort": one sort of every entry
-    by (-magnitude, tiebreak, position). "bisect" (GPUs): one fused count per bit (histograms would
-    serialise on atomics), then the ties by a histogram of the tiebreak and a prefix count.
+    cut by one sort of (tiebreak, position) packed in a key (`_first_by_key`). "sort": one sort of
+    every entry by (-magnitude, tiebreak, position). "bisect" (GPUs): one fused count per bit
+    (histograms would serialise on atomics), then, only if the threshold has more ties than room,
+    the sort of `_first_by_key`.
     The CPU methods are built from few, small kernels: each copy of the selection in a program costs
     its compilation (XLA:CPU compiles every fusion, about 20 ms each on one core).
     """
@@ -127,39 +130,63 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
         raise ValueError(f"unknown keep_largest method {method!r}")
     itype = jnp.int64 if magnitudes.dtype == jnp.float64 else jnp.int32
     bits = lax.bitcast_convert_type(magnitudes, itype)
+    utype = _tie_type()
     if tiebreak is None:
-        tb_at = lambda i: jnp.zeros(i.shape, jnp.int32)
+        tb_at = lambda i: jnp.zeros(i.shape, utype)
+    elif callable(tiebreak):
+        tb_at = lambda i: tiebreak(i).astype(utype)
     else:
-        at = tiebreak if callable(tiebreak) else (lambda i: tiebreak[i])
-        tb_at = lambda i: jnp.clip(at(i), 0, TIE_LEVELS - 1).astype(jnp.int32)
-    everywhere = lambda: tb_at(jnp.arange(bits.shape[0])) if callable(tiebreak) or tiebreak is None else \
-        jnp.clip(tiebreak, 0, TIE_LEVELS - 1).astype(jnp.int32)
+        tb_at = lambda i: jnp.asarray(tiebreak)[i].astype(utype)
+    everywhere = lambda: jnp.asarray(tiebreak).astype(utype) if tiebreak is not None and not callable(tiebreak) \
+        else tb_at(jnp.arange(bits.shape[0], dtype=jnp.int32))
     if method == "bisect":
-        return _select_and_break_ties(bits, mask, k, everywhere(), 63 if itype == jnp.int64 else 31, itype)
+        t = _bisect_select(bits, mask, k, 63 if itype == jnp.int64 else 31, itype)
+        above, ties = mask & (bits > t), mask & (bits == t)
+        need = k - count(above)
+        return above | lax.cond(shared(count(ties) > need), lambda: _first_by_key(ties, need, everywhere()),
+                                lambda: ties)
     covered = count(mask) <= k
     if method == "sort":
         return jnp.where(covered, mask, _sorted_cut(bits, mask, k, everywhere()))
-    return _bucket_cut(bits, mask, k, covered, tb_at, lambda t: _sorted_ties(bits, mask, k, t, everywhere()))
+
+    def tied_at(t):  # more ties at the threshold t than the bucket's room
+        above, ties = mask & (bits > t), mask & (bits == t)
+        return above | _first_by_key(ties, k - count(above), everywhere())
+
+    return _bucket_cut(bits, mask, k, covered, tb_at, tied_at)
 
 
-TIE_LEVELS = 1024  # tiebreak values are clipped to [0, TIE_LEVELS)
+TIE_BITS = 48  # tiebreak keys are below 2**TIE_BITS under x64 (merge.tie_keys), below 2**32 without
 DIGIT_BITS = 16  # bits a level of the bucket search resolves
 BUCKET_ROOM = 4096  # entries of the threshold's bucket that "bucket" gathers and sorts
 
 
-def _descending(bits, mask, tb):
-    """Two sort keys that put the entries of `mask` first, larger (non-negative) bit patterns first,
-    then smaller tiebreaks: an entry outside the mask gets the largest first key and a tiebreak
-    (TIE_LEVELS) above any entry's, so it follows every entry (zero magnitudes have that key too)."""
-    unsigned = jnp.uint64 if bits.dtype == jnp.int64 else jnp.uint32
-    return jnp.where(mask, ~bits.astype(unsigned), unsigned(jnp.iinfo(unsigned).max)), jnp.where(mask, tb, TIE_LEVELS)
+def _tie_type():
+    return jnp.uint64 if jax.config.jax_enable_x64 else jnp.uint32
+
+
+def _first_by_key(sel, need, tb):
+    """Mask of the first `need` entries of `sel` in the order (tb, position). Under x64 one sort of a
+    single uint64 key, the tiebreak above the position (4 ms at 1.3e5 entries on one core of the
+    2-core CPU, against 50 ms for a stable sort with a second key and a payload); past 2**16 entries
+    the tiebreak's lowest bits make room for the position's. Without x64 a sort of three keys."""
+    n = sel.shape[0]
+    pos_bits = max(1, (n - 1).bit_length())
+    if tb.dtype == jnp.uint64:
+        drop = max(0, TIE_BITS + pos_bits - 64)
+        key = jnp.where(sel, ((tb >> drop) << pos_bits) | jnp.arange(n, dtype=jnp.uint64), jnp.uint64(2**64 - 1))
+        last = lax.sort(key)[jnp.clip(need - 1, 0, n - 1)]
+        return sel & (key <= last) & (need > 0)
+    at = lax.sort(((~sel).astype(jnp.uint32), tb, jnp.arange(n, dtype=jnp.int32)), num_keys=2, is_stable=True)[2]
+    return jnp.zeros(n, bool).at[at].set(jnp.arange(n) < need) & sel
 
 
 def _sorted_cut(bits, mask, k, tb):
-    """keep_largest by one stable sort of every entry by (-magnitude, tiebreak); masked-out entries
-    last."""
+    """keep_largest by one stable sort of every entry by (outside the mask, -magnitude, tiebreak)."""
     n = bits.shape[0]
-    _, _, at = lax.sort((*_descending(bits, mask, tb), jnp.arange(n, dtype=jnp.int32)), num_keys=2, is_stable=True)
+    unsigned = jnp.uint64 if bits.dtype == jnp.int64 else jnp.uint32
+    keys = ((~mask).astype(jnp.uint32), ~bits.astype(unsigned), tb, jnp.arange(n, dtype=jnp.int32))
+    at = lax.sort(keys, num_keys=3, is_stable=True)[3]
     return jnp.zeros(n, bool).at[at].set(jnp.arange(n) < k) & mask
 
 
@@ -170,7 +197,7 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
     gathered and cut by two one-key sorts (a sort with several keys or a payload costs 6x more on
     XLA:CPU): by (-magnitude, position), which finds the threshold, then the entries tied at it by
     (tiebreak, position). A bucket still larger after every digit holds only the threshold's ties:
-    `ties_at(threshold)` cuts them. The program holds one histogram and two small sorts."""
+    `ties_at(threshold)` cuts them. The program holds one histogram and three sorts."""
     n = bits.shape[0]
     room = min(BUCKET_ROOM, n)
     total = 64 if bits.dtype == jnp.int64 else 32
@@ -209,35 +236,15 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
         t = low[order[jnp.clip(need - 1, 0, room - 1)]]  # the k-th largest's bits
         kept = ok & (low > t)
         tied = ok & (low == t)
-        # the tied entries by (tiebreak, position): the first `need - kept` of them stay
-        tie_key = (tb_at(s).astype(jnp.uint32) << ib) | at.astype(jnp.uint32)
-        none = jnp.uint32(0xFFFFFFFF)
-        ranked = lax.sort(jnp.where(tied, tie_key, none))
-        ranked = jnp.where(ranked == none, room, ranked & jnp.uint32((1 << ib) - 1))  # room: not tied, dropped
-        chosen = jnp.zeros(room, bool).at[ranked].set(jnp.arange(room) < need - count(kept), mode="drop")
-        return higher.at[jnp.where(kept | (tied & chosen), src, n)].set(True, mode="drop")
+        # the tied entries by (tiebreak, position): the first `need - kept` of them stay (the tiebreak
+        # is evaluated only when some tied entry goes)
+        rest = need - count(kept)
+        chosen = lax.cond(shared(count(tied) > rest), lambda: _first_by_key(tied, rest, tb_at(s)), lambda: tied)
+        return higher.at[jnp.where(kept | chosen, src, n)].set(True, mode="drop")
 
     pick = jnp.where(covered, 0, jnp.where(inside <= room, 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
     return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix.astype(bits.dtype))], None))
-
-
-def _sorted_ties(bits, mask, k, t, tb):
-    """keep_largest given its threshold t, on CPUs: every entry above t, and of those tied at t the
-    first by (tiebreak, position), found by one sort of a single uint64 key (4 ms at 1.3e5 entries
-    on one core of the 2-core CPU, against 50 ms for a stable sort with a second key and a payload;
-    `_keep_ties`'s histogram and prefix count are faster but cost 4x the kernels to compile).
-    Without x64 the key does not fit one word: `_keep_ties`."""
-    if not jax.config.jax_enable_x64:
-        return _keep_ties(bits, mask, k, t, tb)
-    n = bits.shape[0]
-    above = mask & (bits > t)
-    ties = mask & (bits == t)
-    need = k - count(above)
-    at = max(1, (n - 1).bit_length())
-    key = jnp.where(ties, (tb.astype(jnp.uint64) << at) | jnp.arange(n, dtype=jnp.uint64), jnp.uint64(2**64 - 1))
-    last = lax.sort(key)[jnp.clip(need - 1, 0, n - 1)]
-    return above | (ties & (key <= last) & (need > 0))
 
 
 def _kth_largest_bin(hist, k):
@@ -260,29 +267,6 @@ def histogram(bins, size: int):
     """int32 counts of bins in [0, size); entries equal to size (or beyond) are not counted.
     (jnp.bincount counts in int64 under x64, and its prefix sums then cost twice as much.)"""
     return jnp.zeros(size, jnp.int32).at[bins].add(1, mode="drop")
-
-
-def _select_and_break_ties(bits, mask, k, tb, value_bits, itype):
-    """keep_largest on GPUs: the threshold by bisection, then its ties (`_keep_ties`)."""
-    return _keep_ties(bits, mask, k, _bisect_select(bits, mask, k, value_bits, itype), tb)
-
-
-def _keep_ties(bits, mask, k, t, tb):
-    """keep_largest given its threshold t (the k-th largest bits): every entry above t, and of those
-    tied at t the smallest tiebreaks, then the earliest positions, by a histogram of the tiebreak
-    and a prefix count (no sort)."""
-    above = mask & (bits > t)
-    ties = mask & (bits == t)
-    room = k - count(above)
-    at_most = jnp.cumsum(histogram(jnp.where(ties, tb, TIE_LEVELS), TIE_LEVELS))
-    cut = jnp.sum(at_most < room)  # smallest level whose cumulative count reaches room
-    below = jnp.where(cut > 0, at_most[jnp.maximum(cut - 1, 0)], 0)
-    take_all = ties & (tb < cut)
-    ties = ties & (tb == cut)
-    above = above | take_all
-    room = room - below
-    tie_rank = prefix_count(ties) - 1
-    return above | (ties & (tie_rank < room))
 
 
 def _bisect_select(bits, mask, k, value_bits, itype):

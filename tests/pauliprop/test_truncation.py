@@ -78,6 +78,17 @@ def test_keep_largest_ties_are_broken_by_position(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("top", [0, 2**48 - 8])
+def test_keep_largest_ties_are_broken_by_the_tiebreak_before_position(method, top):
+    """Tied magnitudes go by the tiebreak, smallest first, whatever its bits (low or high) and the
+    position; the largest magnitude stays whatever its tiebreak."""
+    mags = jnp.array([0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0])
+    tb = jnp.asarray(np.array([5, 4, 3, 2, 1, 0, 7]) + top)
+    for k, want in ((1, [0, 0, 0, 0, 0, 0, 1]), (3, [0, 0, 0, 0, 1, 1, 1]), (5, [0, 0, 1, 1, 1, 1, 1])):
+        np.testing.assert_array_equal(_keep_largest_tb(mags, jnp.ones(7, bool), k, tb, method), want)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_keep_largest_returns_the_mask_when_k_covers_it(method):
     mags = jnp.array([1.0, 0.0, 2.0, 2.0, 0.5, 3.0])
     mask = jnp.array([1, 1, 0, 1, 1, 0], bool)
@@ -96,9 +107,12 @@ def test_keep_largest_ignores_masked_out_values(method):
 @given(st.lists(st.sampled_from([0.0, 1e-30, 0.1, 0.5, 0.5000000000000001, 1.0, 2.0, 1e30]) | st.floats(0, 10),
                 min_size=32, max_size=32),
        st.lists(st.booleans(), min_size=32, max_size=32), st.integers(1, 40), st.sampled_from([np.float64, np.float32]),
-       st.sampled_from(METHODS), st.none() | st.lists(st.integers(0, 6), min_size=32, max_size=32))
+       st.sampled_from(METHODS), st.none() | st.lists(st.integers(0, 6), min_size=32, max_size=32)
+       | st.lists(st.sampled_from([0, 1, 2**47, 2**48 - 2, 2**48 - 1]) | st.integers(0, 2**48 - 1), min_size=32,
+                  max_size=32))
 def test_keep_largest_keeps_the_k_largest(mags, mask, k, dtype, method, tiebreak):
-    """The kept set is the first min(k, count) masked entries ordered by (-magnitude, tiebreak, position)."""
+    """The kept set is the first min(k, count) masked entries ordered by (-magnitude, tiebreak, position),
+    tiebreaks over their whole width (TIE_BITS)."""
     mags = np.asarray(mags).astype(dtype)
     mask = np.asarray(mask)
     if tiebreak is None:
@@ -119,7 +133,7 @@ def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
     n = 3 * T.BUCKET_ROOM
     mags = np.where(rng.random(n) < 0.8, 0.25, rng.random(n))
     mask = rng.random(n) < 0.9
-    tb = rng.integers(0, 5, n)
+    tb = rng.integers(0, 5, n) << rng.choice([0, 44], n)  # small keys and keys across TIE_BITS
     k = int(np.sum(mask & (mags > 0.25))) + T.BUCKET_ROOM + 7  # the cut falls inside the tied block
     got = np.asarray(_keep_largest_tb(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb), method))
     order = sorted(np.flatnonzero(mask), key=lambda i: (-mags[i], tb[i], i))
@@ -129,6 +143,22 @@ def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
     # the tiebreak given as a function of indices (evaluated only where needed) selects the same
     as_function = jax.jit(lambda m, mk, t: T.keep_largest(m, mk, k, method=method, tiebreak=lambda i: t[i]))
     np.testing.assert_array_equal(np.asarray(as_function(jnp.asarray(mags), jnp.asarray(mask), jnp.asarray(tb))), want)
+
+
+@pytest.mark.parametrize("method", ["bucket", "bisect"])
+def test_keep_largest_ties_of_a_large_buffer_order_by_the_keys_top_bits(method):
+    """Past 2**16 entries the tie sort's single key keeps the tiebreak's top 64 - log2(n) bits above the
+    position: 2**17 equal magnitudes drop the tiebreak's lowest bit, so keys that differ only there
+    go by position, and all others by key."""
+    rng = np.random.default_rng(11)
+    n = 1 << 17
+    drop = T.TIE_BITS + 17 - 64
+    mags = np.full(n, 0.5)
+    mask = rng.random(n) < 0.9
+    tb = rng.integers(0, 2**T.TIE_BITS, n, dtype=np.int64)
+    k = int(mask.sum()) // 3
+    got = np.asarray(_keep_largest_tb(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb), method))
+    np.testing.assert_array_equal(got, _want(mags, mask, k, tb >> drop))
 
 
 def _want(mags, mask, k, tb):
@@ -151,7 +181,8 @@ _keep_small_room = jax.jit(_keep_in_a_room_of_four)
                 | st.floats(0, 4) | st.builds(lambda m, e: m * 2.0 ** e, st.floats(1, 2), st.integers(-60, 60)),
                 min_size=48, max_size=48),
        st.lists(st.booleans(), min_size=48, max_size=48), st.integers(1, 50), st.sampled_from([np.float64, np.float32]),
-       st.lists(st.integers(0, 3), min_size=48, max_size=48))
+       st.lists(st.integers(0, 3), min_size=48, max_size=48)
+       | st.lists(st.sampled_from([0, 5, 2**40, 2**48 - 1]), min_size=48, max_size=48))
 def test_keep_largest_bucket_search_in_a_small_room(mags, mask, k, dtype, tiebreak):
     """With a room of 4 entries the bucket method narrows through several levels of digits, gathers a
     bucket, or (more than 4 equal magnitudes at the threshold) sorts everything: all keep the same
