@@ -54,11 +54,11 @@ def rows() -> list[list[str]]:
     big = next(r for r in d["rows"] if (r["words"], r["layers"]) == (30000, 500))
     out.append(_row("P3 stress, 7 qubits, 30K words x 500 Clifford layers", d, big["seconds"],
                     "P3 (published, RTX 2080)", big["p3_seconds"], [f]))
-    f = "kicked_ising_z62_cpu_2026-11-26_keep_2.json"
+    f = "kicked_ising_z62_cpu_2026-11-26_tiekeys_1.json"
     d = _load(f)
     # the three angles as one batched call in a fresh process (compilation included; its members run side
     # by side on the cores), beside the sum of pauli-prop's three calls (it compiles nothing); the lower
-    # ratio of the day's two runs (the other: kicked_ising_z62_cpu_2026-11-26_keep_1.json)
+    # ratio of the two runs of the day's last engine (the other: kicked_ising_z62_cpu_2026-11-26_tiekeys_2.json)
     batch = next(r for r in d["records"] if r["tool"] == "pauliprop-batch")
     peer = sum(r["seconds"] for r in d["records"] if r["tool"] == "pauli-prop")
     out.append(_row("127-qubit kicked Ising, 3 angles as one batch, 1e5 terms, fresh process", d,

@@ -13,6 +13,9 @@ Two facts hold for every truncation and are checked everywhere:
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import jax
@@ -159,6 +162,34 @@ def test_keep_largest_ties_of_a_large_buffer_order_by_the_keys_top_bits(method):
     k = int(mask.sum()) // 3
     got = np.asarray(_keep_largest_tb(jnp.asarray(mags), jnp.asarray(mask), k, jnp.asarray(tb), method))
     np.testing.assert_array_equal(got, _want(mags, mask, k, tb >> drop))
+
+
+_WITHOUT_X64 = """
+import numpy as np, jax, jax.numpy as jnp
+assert not jax.config.jax_enable_x64
+from pauliprop import truncation as T
+rng = np.random.default_rng(0)
+n = 3 * T.BUCKET_ROOM + 5
+mags = np.where(rng.random(n) < 0.7, np.float32(0.25), rng.random(n).astype(np.float32))
+mask = rng.random(n) < 0.9
+tb = (rng.integers(0, 2**32, n, dtype=np.int64) >> rng.choice([0, 28], n)).astype(np.uint32)
+for method in ("bucket", "sort", "bisect"):
+    for k in (5, int(np.sum(mask & (mags > 0.25))) + T.BUCKET_ROOM + 7, n - 3):
+        order = sorted(np.flatnonzero(mask), key=lambda i: (-mags[i], int(tb[i]), i))
+        want = np.zeros(n, bool)
+        want[order[:k]] = True
+        got = T.keep_largest(jnp.asarray(mags), jnp.asarray(mask), k, method=method, tiebreak=jnp.asarray(tb))
+        assert np.array_equal(np.asarray(got), want), (method, k)
+print("ok")
+"""
+
+
+def test_keep_largest_without_x64_breaks_ties_by_32_bit_keys():
+    """Without jax_enable_x64 tiebreak keys are uint32 and the tie sorts take several keys: the same
+    definition, (-magnitude, tiebreak, position), for every method (thousands of ties at the threshold)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_X64], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def _want(mags, mask, k, tb):
