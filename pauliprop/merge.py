@@ -209,8 +209,8 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     need = count(keep)
     if not (stop and limits.max_terms is None):
         mag = jnp.abs(run_coeff)
-        capped = lax.cond(shared(need > limit), lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i])),
-                          lambda k: k, keep)
+        cut = lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i]))
+        capped = lax.cond(shared(need > limit), cut, lambda k: k, keep)
         dropped = dropped.at[rule].add(jnp.sum(jnp.where(keep & ~capped, mag, 0)))
         keep = capped
     # survivors, in sorted order, to the front

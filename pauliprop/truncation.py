@@ -139,21 +139,23 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
         tb_at = lambda i: jnp.asarray(tiebreak)[i].astype(utype)
     everywhere = lambda: jnp.asarray(tiebreak).astype(utype) if tiebreak is not None and not callable(tiebreak) \
         else tb_at(jnp.arange(bits.shape[0], dtype=jnp.int32))
-    if method == "bisect":
-        t = _bisect_select(bits, mask, k, 63 if itype == jnp.int64 else 31, itype)
+
+    def cut_at(t, some_tie_may_stay):
+        """Everything above the threshold t, and the first of its ties by (tiebreak, position)."""
         above, ties = mask & (bits > t), mask & (bits == t)
         need = k - count(above)
-        return above | lax.cond(shared(count(ties) > need), lambda: _first_by_key(ties, need, everywhere()),
-                                lambda: ties)
+        first = lambda: _first_by_key(ties, need, everywhere())
+        if some_tie_may_stay:  # sort only when some tied entry goes
+            return above | lax.cond(shared(count(ties) > need), first, lambda: ties)
+        return above | first()
+
+    if method == "bisect":
+        return cut_at(_bisect_select(bits, mask, k, 63 if itype == jnp.int64 else 31, itype), True)
     covered = count(mask) <= k
     if method == "sort":
         return jnp.where(covered, mask, _sorted_cut(bits, mask, k, everywhere()))
-
-    def tied_at(t):  # more ties at the threshold t than the bucket's room
-        above, ties = mask & (bits > t), mask & (bits == t)
-        return above | _first_by_key(ties, k - count(above), everywhere())
-
-    return _bucket_cut(bits, mask, k, covered, tb_at, tied_at)
+    # the bucket's last branch: more ties at the threshold than its room, so some go
+    return _bucket_cut(bits, mask, k, covered, tb_at, lambda t: cut_at(t, False))
 
 
 TIE_BITS = 48  # tiebreak keys are below 2**TIE_BITS under x64 (merge.tie_keys), below 2**32 without
@@ -169,7 +171,8 @@ def _first_by_key(sel, need, tb):
     """Mask of the first `need` entries of `sel` in the order (tb, position). Under x64 one sort of a
     single uint64 key, the tiebreak above the position (4 ms at 1.3e5 entries on one core of the
     2-core CPU, against 50 ms for a stable sort with a second key and a payload); past 2**16 entries
-    the tiebreak's lowest bits make room for the position's. Without x64 a sort of three keys."""
+    the tiebreak's lowest bits make room for the position's. Without x64 a stable sort of two keys
+    (outside `sel`, tb) and the position."""
     n = sel.shape[0]
     pos_bits = max(1, (n - 1).bit_length())
     if tb.dtype == jnp.uint64:
@@ -231,20 +234,23 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
         at = jnp.arange(room, dtype=unsigned)
         rest = (unsigned(1) << (total - DIGIT_BITS * depth).astype(unsigned)) - 1  # the bits below the prefix
         low = ubits[s] & rest
-        order = lax.sort(jnp.where(ok, ((rest - low) << ib) | at, unsigned(jnp.iinfo(unsigned).max))) & unsigned((1 << ib) - 1)
+        order = lax.sort(jnp.where(ok, ((rest - low) << ib) | at, unsigned(jnp.iinfo(unsigned).max)))
+        order = order & unsigned((1 << ib) - 1)
         need = k - above
         t = low[order[jnp.clip(need - 1, 0, room - 1)]]  # the k-th largest's bits
         kept = ok & (low > t)
         tied = ok & (low == t)
         # the tied entries by (tiebreak, position): the first `need - kept` of them stay (the tiebreak
         # is evaluated only when some tied entry goes)
-        rest = need - count(kept)
-        chosen = lax.cond(shared(count(tied) > rest), lambda: _first_by_key(tied, rest, tb_at(s)), lambda: tied)
+        room_left = need - count(kept)
+        chosen = lax.cond(shared(count(tied) > room_left), lambda: _first_by_key(tied, room_left, tb_at(s)),
+                          lambda: tied)
         return higher.at[jnp.where(kept | chosen, src, n)].set(True, mode="drop")
 
     pick = jnp.where(covered, 0, jnp.where(inside <= room, 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
-    return jnp.where(covered, mask, lax.switch(shared(pick), [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix.astype(bits.dtype))], None))
+    branches = [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix.astype(bits.dtype))]
+    return jnp.where(covered, mask, lax.switch(shared(pick), branches, None))
 
 
 def _kth_largest_bin(hist, k):

@@ -52,8 +52,9 @@ def random_bits(key, shape) -> jax.Array:
 
 
 def pack(bits) -> jax.Array:
-    """(..., 32) bool -> (...) uint32, draw j at bit j."""
-    return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+    """(..., b) bool or 0/1, b <= 32 -> (...) uint32, entry j at bit j."""
+    return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(bits.shape[-1], dtype=jnp.uint32), axis=-1,
+                   dtype=jnp.uint32)
 
 
 # ---- noise: which bit positions an event hits, and which event ------------------------------------

@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 from . import kernels
+from .frames import pack
 from .program import GATE, MEASURE, pair_codes, run_segments
 
 WORD = 32
@@ -286,11 +287,6 @@ MEASURE_BLOCK = 32  # targets planned together: a row's bits at their pivots fil
 BATCH_MIN_ACTIVE = 16
 
 
-def _pack(bits):
-    """(..., b) uint32 0/1 -> (...,) uint32 with bit j = bits[..., j]."""
-    return jnp.sum(bits << jnp.arange(bits.shape[-1], dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
-
-
 def _columns(words, cols):
     """Bits at columns cols (b,) of every row: words (R, W) -> (R, b) uint32 0/1."""
     return (words[:, cols // WORD] >> (cols % WORD).astype(jnp.uint32)) & jnp.uint32(1)
@@ -343,9 +339,9 @@ def _apply_block(t: Tableau, plan: _Plan) -> Tableau:
     pivot_bits = first << shift  # (b,): each distinct pivot once
     pmask = jnp.zeros(t.xs.shape[1], jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
     kext = plan.kmask & ~pmask
-    kp = _pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
-    x = _pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
-    z = _pack(_columns(t.zs, p) * first)
+    kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
+    x = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
+    z = pack(_columns(t.zs, p) * first)
 
     def parity(j, zk):  # bit j: parity of the row's z under kext[j] (a loop: 5x faster than one
         # (R, b, W) reduction on the 2-core CPU at 16,384 x 256 words, 0.06 s against 0.29 s a block)
