@@ -68,6 +68,9 @@ class Config(NamedTuple):
     sweep: bool  # Clifford gates swept over all words, SWEEP at a time (GPUs), else gathered in rooms (CPUs)
     rooms: tuple  # the SPLIT unit's room sizes, ascending, the last = capacity
     cut_rooms: int = 1  # how many of the largest rooms hold the largest-terms cut (split_rooms_with_cut)
+    whole_room: bool = True  # the SPLIT unit holds its room of the whole buffer; without it (whole_room_for)
+    #   a rotation that needs that room writes nothing and the loop stops there (need WHOLE_ROOM); the
+    #   caller resumes in the program that holds it
     skip_unmet: bool = False  # the loop keeps where the live words act; a rotation that meets none of
     #   those sites splits nothing and skips its pass over the buffer (CPUs: GPUs pass in microseconds)
     exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
@@ -130,9 +133,23 @@ def split_rooms_with_cut(rooms: tuple, backend: str, truncation, stop: bool) -> 
     moves half the buffer, not all of it (kicked Ising at pauli-prop's settings, 1e5 terms in 2^17
     slots: 184 of an angle's 863 splitting rotations did not fit, none split more than 2^16 words).
     Each such room costs its cut's compilation, so GPUs (one room up to 2^17 slots) and programs
-    that stop at an overflow instead keep one."""
+    that stop at an overflow instead keep one; a CPU program that stops leaves the largest of the two
+    out until a rotation needs it (whole_room_for)."""
     cuts = truncation.max_terms is not None or not stop
     return 2 if backend == "cpu" and cuts and len(rooms) > 2 else 1
+
+
+WHOLE_ROOM = -2  # a unit's "slots needed" when its rotation needs the room this program leaves out
+
+
+def whole_room_for(backend: str, cut_rooms: int, stop: bool) -> bool:
+    """Whether a program holds the SPLIT unit's room of the whole buffer. Not on CPUs where two rooms
+    hold the cut and the program stops: there the whole room serves only a rotation that splits
+    more than half the buffer (at saturation, near max_terms, rare: the kicked Ising at pauli-prop's
+    settings, 1e5 terms in 2^17 slots, never split more than 55,000 words at k = 4, 8, 12), and its
+    copy of the split and the cut compiled in 1.6-3.8 of 9-11 s (one core, interleaved). Such a
+    rotation stops the loop and the caller resumes it in the program that holds the room."""
+    return not (backend == "cpu" and cut_rooms == 2 and stop)
 
 
 def layers_for(backend: str, truncation) -> bool:
@@ -402,8 +419,12 @@ def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
 
 
 def _room_branches(u, T, limits, cfg: Config, rotation) -> list:
-    """The rotation of unit u in each of cfg.rooms (`_split_in`), one switch branch a room."""
-    return [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation) for r in cfg.rooms]
+    """The rotation of unit u in each of cfg.rooms (`_split_in`), one switch branch a room; without
+    cfg.whole_room the last branch writes nothing and needs WHOLE_ROOM."""
+    branches = [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation) for r in cfg.rooms]
+    if not cfg.whole_room:
+        branches[-1] = lambda b: (b, jnp.int32(WHOLE_ROOM))
+    return branches
 
 
 def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -550,7 +571,8 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
 
 class Progress(NamedTuple):
     unit: jax.Array  # the next unit to apply (the one that overflowed, if stopped)
-    need: jax.Array  # the slots the overflowing unit needed (0: it did not stop; merge.COLLIDED: a collision)
+    need: jax.Array  # the slots the overflowing unit needed (0: it did not stop; merge.COLLIDED: a collision;
+    #                  WHOLE_ROOM: a rotation that needs the room this program leaves out)
     unit_terms: jax.Array  # (U,) int32 live terms after each unit
     peak: jax.Array  # int32 largest live count
 

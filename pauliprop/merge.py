@@ -121,6 +121,22 @@ def argsort_keys(keys, nbits: int):
     return lax.sort((keys, idx), num_keys=1)[1]
 
 
+PREFIX_SORT_MIN = 1 << 14  # rooms from this many slots sort the smallest of a quarter, half or all of them
+
+
+def _in_prefix(order_of, count, n: int):
+    """The permutation order_of(n), where order_of(m) sorts the first m entries (m static), the live
+    ones are the first `count` and dead ones sort last in position order. CPUs sort the smallest of
+    n/4, n/2 and n entries that holds the live ones and leave the rest in place: a room takes the
+    rotations of a range of sizes (std::sort of 2^16 keys 1.6 ms, of 2^15 0.75 ms on one core)."""
+    if count is None or not on_cpu() or n < PREFIX_SORT_MIN:
+        return order_of(n)
+    sizes = (n // 4, n // 2, n)
+    rest = lambda m: jnp.arange(m, n, dtype=jnp.int32)
+    branches = [lambda m=m: jnp.concatenate([order_of(m), rest(m)]) for m in sizes[:-1]] + [lambda: order_of(n)]
+    return lax.switch(shared(jnp.sum(count > jnp.asarray(sizes[:-1], jnp.int32))), branches)
+
+
 def _exact_order(words, live):
     """Lexicographic order on the words themselves (the collision fallback)."""
     idx = jnp.arange(words.shape[0], dtype=jnp.int32)
@@ -128,18 +144,21 @@ def _exact_order(words, live):
     return lax.sort((*keys, idx), num_keys=len(keys))[-1]
 
 
-def order_words(words, live, exact: bool = False):
+def order_words(words, live, exact: bool = False, count=None):
     """(order, same_key): a permutation putting equal live words side by side (live first), and which
-    sorted entries have the key of their predecessor (for the collision check)."""
+    sorted entries have the key of their predecessor (for the collision check). count: the live
+    words are the first `count` entries (then CPUs sort only a prefix that holds them: `_in_prefix`)."""
+    n = words.shape[0]
     if x64():
-        nbits = index_bits(words.shape[0])
+        nbits = index_bits(n)
         keys = sort_keys(words, live, nbits, exact)
-        order = argsort_keys(keys, nbits)
+        order = _in_prefix(lambda m: argsort_keys(keys[:m], nbits), count, n)
         ks = keys[order]
         return order, (ks[1:] == ks[:-1]) & (ks[1:] != DEAD_KEY)
     h1, h2 = hashes(words, exact)
-    idx = jnp.arange(words.shape[0], dtype=jnp.int32)
-    order = lax.sort(((~live).astype(jnp.uint32), h1, h2, idx), num_keys=3)[-1]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    dead = (~live).astype(jnp.uint32)
+    order = _in_prefix(lambda m: lax.sort((dead[:m], h1[:m], h2[:m], idx[:m]), num_keys=3)[-1], count, n)
     ls = live[order]
     return order, (h1[order][1:] == h1[order][:-1]) & (h2[order][1:] == h2[order][:-1]) & ls[1:] & ls[:-1]
 
@@ -298,7 +317,7 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     at_lane = jnp.take_along_axis(pw, lane[:, None], axis=1)[:, 0] if each else pw[:, lane]
     flip = (at_lane & mask) != 0
     qw = jnp.where(flip[:, None], pw ^ g, pw)  # canonical member
-    order, same_key = order_words(qw, valid, exact)
+    order, same_key = order_words(qw, valid, exact, count=count(valid))
 
     def in_order(o):
         # the words in sorted order, and which of them equal their successor's canonical member

@@ -213,17 +213,19 @@ def _units_per_test(low: Lowered, backend: str) -> int:
 
 
 def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, backend: str,
-            merged: bool = False, exact_order: bool = False) -> _e.Config:
+            merged: bool = False, exact_order: bool = False, whole_room: bool = False) -> _e.Config:
     """merged: the observable's merge (unit 0) ran before the loop (`_merged_observable`): the program
     holds no merge code unless a later unit merges (amplitude damping). A program that stops reports
-    fingerprint collisions (Config.report_collisions) unless exact_order: its rooms order exactly."""
+    fingerprint collisions (Config.report_collisions) unless exact_order: its rooms order exactly.
+    whole_room: the program holds the room of the whole buffer where engine.whole_room_for leaves it out."""
     features = _e.features(low.units, low.schedule)
     if merged and _s.U_MERGE not in low.units.kind[1:]:
         features["units"] = tuple(k for k in features["units"] if k != _s.U_MERGE)
     rooms = _e.rooms_for(capacity, backend)
+    cut_rooms = _e.split_rooms_with_cut(rooms, backend, truncation, stop)
     return _e.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
-                     sweep=backend != "cpu", rooms=rooms,
-                     cut_rooms=_e.split_rooms_with_cut(rooms, backend, truncation, stop), skip_unmet=backend == "cpu",
+                     sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
+                     whole_room=whole_room or _e.whole_room_for(backend, cut_rooms, stop), skip_unmet=backend == "cpu",
                      unroll=32 if backend != "cpu" else 4, units_per_test=_units_per_test(low, backend),
                      report_collisions=stop and not exact_order, **features)
 
@@ -417,9 +419,10 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     peak = 0  # the loop's own peak starts from the buffer it is given
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
-    start, exact_order, cut = 1, False, False
+    start, exact_order, whole_room, cut = 1, False, False, False
     while True:
-        cfg = _config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order)
+        cfg = _config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order,
+                      whole_room=whole_room)
         fwd = _forward_jit(cfg, batch is not None, backend)
         buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
         # one wait for the device, whose copies overlap
@@ -436,6 +439,9 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         start = stop
         if need == _m.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
             exact_order = True
+            continue
+        if need == _e.WHOLE_ROOM:  # a rotation split more than half the buffer: the rest in the program
+            whole_room = True  # that holds the room of the whole buffer
             continue
         if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow)
             cut = True

@@ -354,3 +354,24 @@ def test_a_cut_keeps_the_same_words_whatever_slots_they_sit_in(seed, k, method):
                                       method))
     assert kept.sum() == min(k, live.sum())
     assert {tuple(w) for w in words[kept]} == {tuple(w) for w in words[perm][kept_perm]}
+
+
+@pytest.mark.parametrize("live_count", [0, 1, 4096, 4097, 8193, 16384])
+def test_a_sort_of_the_live_prefix_orders_as_the_whole_room(live_count):
+    """order_words with `count` (the live words fill the first count entries, as a room's do) sorts
+    only the smallest of a quarter, half or all of a large room that holds them (CPUs): the live
+    words come out in the same order as when the whole room is sorted (and under x64, where dead
+    entries sort by position, the whole permutation is the same)."""
+    n = M.PREFIX_SORT_MIN
+    rng = np.random.default_rng(live_count)
+    words = jnp.asarray(rng.integers(0, 2**32, size=(n, 8), dtype=np.uint32))
+    words = words.at[1::7].set(words[::7][: words[1::7].shape[0]])  # some equal neighbours to pair up
+    live = jnp.arange(n) < live_count
+    whole, same_whole = jax.jit(M.order_words)(words, live)
+    part, same_part = jax.jit(lambda w, l: M.order_words(w, l, count=M.count(l)))(words, live)
+    whole, part = np.asarray(whole), np.asarray(part)
+    np.testing.assert_array_equal(part[:live_count], whole[:live_count])
+    np.testing.assert_array_equal(np.asarray(same_part)[:live_count], np.asarray(same_whole)[:live_count])
+    assert sorted(part.tolist()) == list(range(n))
+    if M.x64():
+        np.testing.assert_array_equal(part, whole)

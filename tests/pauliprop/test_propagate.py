@@ -196,6 +196,30 @@ def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_ex
     assert abs(float(val) - float(exact)) < 1e-9 * max(1.0, abs(float(exact)))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="GPU programs hold the room of the whole buffer")
+def test_a_rotation_that_splits_more_than_half_the_buffer_resumes_in_the_program_with_that_room(monkeypatch):
+    """CPU programs that stop and cut in two rooms leave out the room of the whole buffer
+    (engine.whole_room_for): a rotation that splits more than half the buffer writes nothing, and
+    the loop resumes it in the program that holds that room (here it then overflows and the buffer
+    grows). The value equals the state vector."""
+    PR = sys.modules["pauliprop.propagate"]
+    configs = []
+    forward_jit = PR._forward_jit
+    monkeypatch.setattr(PR, "_forward_jit", lambda cfg, *a: configs.append(cfg) or forward_jit(cfg, *a))
+    rng = np.random.default_rng(5)
+    n = 8
+    # X or Y on qubit 0: every word splits under the last RZ(0), about 5,500 words in 8,192 slots
+    labels = {str(rng.choice(["X", "Y"])) + "".join(rng.choice(list("IXYZ"), n - 1)) for _ in range(6000)}
+    h = pp.PauliSum.from_labels({lab: float(rng.normal()) for lab in sorted(labels)})
+    c = pp.Circuit(n).ry(3, 0.4).cx(0, 1).rx(2, 0.3).rz(0, 0.7)
+    val, stats = pp.expectation(c, h, truncation=pp.Truncation(max_terms=10**6), initial_capacity=8192,
+                                return_stats=True)
+    assert len(labels) > 4096 and not configs[0].whole_room and configs[-1].whole_room
+    assert stats.capacity > 8192 and not bool(stats.overflow)
+    exact = float(pp.expectation(c, h, method="statevector"))
+    assert abs(float(val) - exact) < 1e-9 * max(1.0, abs(exact))
+
+
 def test_stats_report_terms_per_operation():
     n = 4
     c, h = fixed_unitary_circuit(n), fixed_observable(n)
