@@ -76,7 +76,7 @@ class Config(NamedTuple):
     exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
     units: tuple = tuple(range(len(_s.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
     clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
-    unroll: int = 4  # bytes of a word a dense map's loop looks up per iteration (clifford.apply_map)
+    unroll: int = 1  # bytes of a word a dense map's loop looks up per iteration (clifford.apply_map)
     units_per_test: int = 1  # units the loop applies between two tests of its end (GPUs: more, see run)
     static_loops: int = 0  # > 0: every loop has a static trip count (this bound on a unit's elements), so
     #                        JAX's own reverse mode can differentiate the loop (pp.propagate under jax.grad)

@@ -320,8 +320,10 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     order, same_key = order_words(qw, valid, exact, count=count(valid))
 
     def in_order(o):
-        # the words in sorted order, and which of them equal their successor's canonical member
-        ow, cw, ov = pw[o], qw[o], valid[o]
+        # the words in sorted order (from their canonical members: one gather of words, not two), and
+        # which of them equal their successor's canonical member
+        cw, ov = qw[o], valid[o]
+        ow = jnp.where(flip[o][:, None], cw ^ (g[o] if each else g), cw)
         return o, ow, ov, jnp.all(cw[1:] == cw[:-1], axis=1) & ov[1:] & ov[:-1]
 
     collided = jnp.asarray(False)

@@ -226,7 +226,7 @@ def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, 
     return _e.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
                      sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
                      whole_room=whole_room or _e.whole_room_for(backend, cut_rooms, stop), skip_unmet=backend == "cpu",
-                     unroll=32 if backend != "cpu" else 4, units_per_test=_units_per_test(low, backend),
+                     unroll=32 if backend != "cpu" else 1, units_per_test=_units_per_test(low, backend),
                      report_collisions=stop and not exact_order, **features)
 
 
