@@ -54,7 +54,7 @@ def rows() -> list[list[str]]:
     big = next(r for r in d["rows"] if (r["words"], r["layers"]) == (30000, 500))
     out.append(_row("P3 stress, 7 qubits, 30K words x 500 Clifford layers", d, big["seconds"],
                     "P3 (published, RTX 2080)", big["p3_seconds"], [f]))
-    f = "kicked_ising_z62_cpu_2026-11-26_tiekeys_1.json"
+    f = "kicked_ising_z62_cpu_2026-11-26_maps_1.json"
     d = _load(f)
     # the three angles as one batched call in a fresh process (compilation included; its members run side
     # by side on the cores), beside the sum of pauli-prop's three calls (it compiles nothing); the lower
