@@ -387,14 +387,17 @@ def _forward_jit(cfg: _e.Config, batch: bool, backend: str):
 
 
 def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, capacity, max_capacity,
-           initial_capacity, table):
+           initial_capacity, table, layers: bool | None = None):
     """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed. A fixed
     capacity runs the same program (one that stops at an overflow) and, only if a unit overflows,
     the rest in the program that keeps the largest terms: the result is the latter's from the start
     (the two agree on every unit that fits), and a call at the capacity that growth found compiles
-    nothing new."""
+    nothing new. The overflow's cut happens gate by gate, as under a trace (`_propagate_traced`):
+    where the rotations ran as layers (GPUs), whose passes would cut in another order, the call
+    runs again without them (layers: None picks engine.layers_for)."""
     backend = jax.default_backend()
-    low = lowered(circuit, truncation, backend, layers=_e.layers_for(backend, truncation))
+    layers = _e.layers_for(backend, truncation) if layers is None else layers
+    low = lowered(circuit, truncation, backend, layers=layers)
     dtype = jnp.result_type(float)
     p = _params_array(params, circuit.num_params, dtype)
     batch = p.shape[0] if p.ndim == 2 else None
@@ -444,6 +447,9 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
             whole_room = True  # that holds the room of the whole buffer
             continue
         if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow)
+            if layers and _s.U_LAYER in low.units.kind:
+                return _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
+                              layers=False)
             cut = True
             continue
         grown = _next_capacity(cap, need)
