@@ -146,9 +146,10 @@ def whole_room_for(backend: str, cut_rooms: int, stop: bool) -> bool:
     """Whether a program holds the SPLIT unit's room of the whole buffer. Not on CPUs where two rooms
     hold the cut and the program stops: there the whole room serves only a rotation that splits
     more than half the buffer (at saturation, near max_terms, rare: the kicked Ising at pauli-prop's
-    settings, 1e5 terms in 2^17 slots, never split more than 55,000 words at k = 4, 8, 12), and its
-    copy of the split and the cut compiled in 1.6-3.8 of 9-11 s (one core, interleaved). Such a
-    rotation stops the loop and the caller resumes it in the program that holds the room."""
+    settings, 1e5 terms in 2^17 slots, never split more than half of them at k = 4, 8, 12: at most
+    54,563 words at k = 8), and its copy of the split and the cut compiled in 1.6-3.8 of 9-11 s (one
+    core, interleaved). Such a rotation stops the loop and the caller resumes it in the program that
+    holds the room."""
     return not (backend == "cpu" and cut_rooms == 2 and stop)
 
 
