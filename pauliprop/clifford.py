@@ -122,12 +122,12 @@ def chunk_tables(image_x, image_z, phase):
 
 
 def fixes_z(image_x, image_z, phase):
-    """Whether the map sends every Z generator to itself with phase 0 (jax)."""
+    """Whether the map sends every Z generator to itself with phase 0, as `identity_map` does (jax)."""
     two_n, w = image_x.shape
     n = two_n // 2
-    q = jnp.arange(n)
-    own = jnp.zeros((n, w), jnp.uint32).at[q, q // LANE].set(jnp.uint32(1) << (q % LANE).astype(jnp.uint32))
-    return jnp.all(image_x[n:] == 0) & jnp.all(image_z[n:] == own) & jnp.all(phase[n:] == 0)
+    own = identity_map(w)
+    return (jnp.all(image_x[n:] == own.image_x[n:]) & jnp.all(image_z[n:] == own.image_z[n:])
+            & jnp.all(phase[n:] == own.phase[n:]))
 
 
 def apply_map(x, z, image_x, image_z, phase, unroll: int = 1):
