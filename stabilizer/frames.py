@@ -9,7 +9,8 @@ Outcomes are reference XOR flips; detectors and observables are parities of flip
 section 5: the reference shot is not optional).
 
 Words are uint32 of 32 shots; x and z have shape (num_qubits + 1, words) (the last row is the
-lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.program`) as one scan.
+lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.program`): on GPUs as
+`frame_kernel`'s Pallas kernel (one launch an op table), elsewhere as one scan of the op rules below.
 
 Noise is drawn sparsely, as Stim does: the gaps between hit bit positions are geometric, so a draw
 at p = 1e-3 costs about 1e-3 random draws a shot instead of one (the dense draw of a uniform per
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import kernels
+from . import frame_kernel, kernels
 from .program import CORRELATED, GATE, MEASURE, MPAD, NOISE, pair_codes, run_segments
 
 
@@ -275,20 +276,13 @@ def _record_rows(r: _Reads, row) -> jax.Array:
     return jnp.where(row["rec"] >= 0, r.base + row["rec"], jnp.int32(r.record.shape[0]))
 
 
-def _op_gate(r: _Reads, row, key, kernel: str = "jax") -> _Writes:
+def _op_gate(r: _Reads, row, key) -> _Writes:
     bits = [r.xa, r.za, r.xb, r.zb]
-    if kernel != "jax":  # the kernel updates frames in place: here, frames of the slots' a rows then b rows
-        slots = jnp.arange(r.xa.shape[0], dtype=jnp.int32)
-        x, z = kernels.frame_gate(jnp.concatenate(bits[0::2]), jnp.concatenate(bits[1::2]),
-                                  jnp.stack([slots, slots + len(slots)], axis=1), row["fwd"],
-                                  interpret=kernel == "interpret")
-        outs = [x[:len(slots)], z[:len(slots)], x[len(slots):], z[len(slots):]]
-    else:
-        outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
-        for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
-            image = row["fwd"][1 << i]
-            for b in range(4):
-                outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
+    outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
+    for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
+        image = row["fwd"][1 << i]
+        for b in range(4):
+            outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
     return _unchanged(r)._replace(xa=outs[0], za=outs[1], xb=outs[2], zb=outs[3])
 
 
@@ -334,13 +328,21 @@ def run_program(structure, tables, key, num_qubits: int, num_measurements: int, 
                 limits: tuple | None = None):
     """Frames of `32 * words` shots through a lowered program. Returns the record flips (M + 1, words),
     the last row zero (the parity of no measurement, for the detector and observable tables).
-    kernel: "auto" (the pure-JAX rules: measured faster), "jax", "pallas" or "interpret" (tests).
-    limits: as `noise_limits` (None: computed from the tables). Runs under jax.enable_x64: the noise
-    draws need float64 whatever the global setting (pass tables converted under it, or numpy)."""
+    kernel: "auto" (on GPUs the Pallas kernel of `frame_kernel`, one launch an op table; elsewhere the
+    scan below), "jax", "pallas" or "interpret" (the kernel run by Pallas's interpreter: tests).
+    limits: as `noise_limits` (None: computed from the tables; the kernel draws every noise sparsely).
+    Runs under jax.enable_x64: the noise draws need float64 whatever the global setting (pass tables
+    converted under it, or numpy)."""
     if limits is None:
         limits = noise_limits(structure, tables)
     with jax.enable_x64(True):
-        return _run_program(structure, tables, key, num_qubits, num_measurements, words, kernel, limits)
+        return _run_program(structure, tables, key, num_qubits, num_measurements, words,
+                            frame_engine(kernel, words), limits)
+
+
+def frame_engine(kernel: str, words: int) -> str:
+    """What runs frames of `words` words: "jax" (the scan), "pallas" or "interpret" (`frame_kernel`)."""
+    return kernels.kernel_mode(kernel, words) if frame_kernel.block_words(words) else "jax"
 
 
 # XLA's GPU autotuner times candidate kernels on buffers of the program's size: compiling the d = 5
@@ -350,17 +352,24 @@ def run_program(structure, tables, key, num_qubits: int, num_measurements: int, 
 # default of 5, once the op step's rows left the switch, the noise draws' conditionals of the d = 5
 # surface code's program ran from the host (48 more waits on the device: 7.7-8.1 ms warm for 1e5
 # shots against 5.9-6.1 ms with 1; d = 17 29.3 against 28.5-28.8 ms; H100, jax 0.11.2, 2026-11-25).
-@partial(jax.jit, static_argnames=("structure", "num_qubits", "num_measurements", "words", "kernel", "limits"),
-         compiler_options={"xla_gpu_autotune_level": 0, "xla_gpu_graph_min_graph_size": 1})
-def _run_program(structure, tables, key, num_qubits, num_measurements, words, kernel, limits):
-    carry = _Carry(zeros(num_qubits + 1, words), jnp.zeros((num_measurements + 1, words), jnp.uint32),
-                   jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
+COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_graph_min_graph_size": 1}
+STATIC = ("structure", "num_qubits", "num_measurements", "words", "kernel", "limits")
+
+
+def program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits):
+    """`run_program`'s body, to trace inside a larger program (under jax.enable_x64)."""
     # every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)
-    carry = carry._replace(f=Frames(carry.f.x, random_bits(jax.random.fold_in(key, 2**32 - 1), carry.f.z.shape)))
+    f = Frames(jnp.zeros((num_qubits + 1, words), jnp.uint32),
+               random_bits(jax.random.fold_in(key, 2**32 - 1), (num_qubits + 1, words)))
+    record = jnp.zeros((num_measurements + 1, words), jnp.uint32)
+    if kernel != "jax":
+        return frame_kernel.run_segments(structure, tables, f.x, f.z, record, jax.random.key_data(key)[..., :2],
+                                         interpret=kernel == "interpret")
+    carry = _Carry(f, record, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
     ops = list(_OPS)
     for kind in NOISY_KINDS:
         ops[kind] = partial(_OPS[kind], draw=limits[kind])
-    # the frame kernel is not the default: XLA's fused rule was 10-20% faster on the surface-code
-    # benchmark (H100, 2026-11-22, experiments/results/stabilizer_surface_h100_*.json, ours-kernel)
-    ops[GATE] = partial(_op_gate, kernel=kernels.kernel_mode(kernel, words, on_gpu="jax"))
     return run_segments(structure, tables, carry, ops, key, read=_read, write=_write).record
+
+
+_run_program = jax.jit(program_record, static_argnames=STATIC, compiler_options=COMPILER_OPTIONS)

@@ -8,11 +8,8 @@
 * `collapse_rows`: the elimination step of a random measurement (a CX fan-out from the pivot appended
   to every row): each program streams a block of rows, carrying the prefix parity from word block
   to word block, and rewrites their x words in place.
-* `frame_gate`: a window of gates on Pauli frames (shots along words), in place. Up to sign a
-  Clifford is linear on a frame's bits, so each output bit is an XOR of the input bits that the
-  gate's forward table sends to it.
 
-The pure-JAX versions (`stabilizer.tableau`, `stabilizer.frames`) run everywhere; these run on GPUs
+The pure-JAX versions (`stabilizer.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
 Both read their rows before writing them and no two active gates share a row, so updating in place
 is safe; inactive slots (padding) do nothing.
@@ -194,50 +191,3 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
         input_output_aliases={3: 0},
         interpret=interpret,
     )(kmask, xp, zp, xs, zs)
-
-
-# ---- frames: a window of gates on every shot ------------------------------------------------------
-
-def _frame_kernel(q_ref, fwd_ref, x_in, z_in, x_ref, z_ref, *, bw):
-    del x_in, z_in
-    i, j = pl.program_id(0), pl.program_id(1)
-    q0, q1 = q_ref[i, 0], q_ref[i, 1]
-
-    @pl.when(q0 >= 0)
-    def _():
-        cols = pl.ds(j * bw, bw)
-        two = _mask((q1 >= 0).astype(jnp.int32))
-        qb = jnp.maximum(q1, 0)
-        bits = [x_ref[q0, cols], z_ref[q0, cols], x_ref[qb, cols] & two, z_ref[qb, cols] & two]
-        outs = [jnp.zeros((bw,), jnp.uint32) for _ in range(4)]
-        for gen in range(4):  # up to sign a Clifford is linear on the bits: XOR the generators' images
-            image = fwd_ref[1 << gen]
-            for b in range(4):
-                outs[b] = outs[b] ^ (bits[gen] & _mask((image >> b) & 1))
-        x_ref[q0, cols] = outs[0]
-        z_ref[q0, cols] = outs[1]
-
-        @pl.when(q1 >= 0)
-        def _():
-            x_ref[q1, cols] = outs[2]
-            z_ref[q1, cols] = outs[3]
-
-
-@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1))
-def frame_gate(x, z, qubits, fwd, interpret: bool = False):
-    """In place: the two-qubit gate with forward table `fwd` (16,) int32 (code x_a | z_a << 1 |
-    x_b << 2 | z_b << 3 -> image code) on the pairs qubits (K, 2) int32 of frames x, z (Q, W)
-    uint32. Slots with qubits[i, 0] < 0 are skipped; qubits[i, 1] < 0 marks a one-qubit gate (its
-    table must leave the b bits at zero)."""
-    k = qubits.shape[0]
-    words = x.shape[1]
-    bw = block_words(words)
-    if bw is None:
-        raise ValueError(f"rows of {words} words cannot be blocked (use kernels.padded_words)")
-    return pl.pallas_call(
-        partial(_frame_kernel, bw=bw),
-        grid=(k, words // bw),
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(z.shape, z.dtype)),
-        input_output_aliases={2: 0, 3: 1},
-        interpret=interpret,
-    )(qubits, fwd, x, z)

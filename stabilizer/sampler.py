@@ -15,7 +15,7 @@ d = 17 surface-code sample on an H100.)
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,12 @@ _CHUNK_BYTES = None  # working-set budget of one chunk of shots; None: an eighth
 
 
 def _chunk_bytes() -> int:
-    if _CHUNK_BYTES is not None:
-        return _CHUNK_BYTES
+    return _device_chunk_bytes() if _CHUNK_BYTES is None else _CHUNK_BYTES
+
+
+@cache
+def _device_chunk_bytes() -> int:
+    """An eighth of the default device's memory (read once: a driver call every sample cost time)."""
     stats = jax.devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     return max(1 << 26, limit // 8) if limit else 1 << 28  # CPUs report no limit: 256 MiB
@@ -95,6 +99,17 @@ def _outputs(record, idx, invert, bit_packed: bool):
     return shot_major(transpose_words(rows), idx.shape[0], 32 * record.shape[1], bit_packed)
 
 
+@partial(jax.jit, static_argnames=_f.STATIC + ("bit_packed",), compiler_options=_f.COMPILER_OPTIONS)
+def _chunk(structure, tables, key, call, start, outputs, num_qubits, num_measurements, words, kernel, limits,
+           bit_packed):
+    """One chunk of shots in one program (one dispatch): its key (the sampler's key folded with the call
+    count, then the chunk's first shot), the frames' record, and the outputs (idx, invert) in Stim's
+    layout for every shot of the chunk (padding included)."""
+    key = jax.random.fold_in(jax.random.fold_in(key, call), start)
+    record = _f.program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits)
+    return [_outputs(record, idx, invert, bit_packed) for idx, invert in outputs]
+
+
 @partial(jax.jit, donate_argnums=0)
 def _place(out, part, start):
     """Write a chunk's rows into the device output, in place."""
@@ -154,14 +169,15 @@ class _Sampler:
 
     def _budget_words(self) -> int:
         """Words (of 32 shots) in a full chunk: the largest power of two whose working set fits the chunk
-        budget: frames, record, an op's rows (`width` slots: gathered frames, random words, noise masks,
-        about 32 words a slot), dense noise draws where the program makes any (two 64-bit values a shot
-        per slot and event: 160 words a slot; sparse draws take a few words a hit), and the widest
-        output's rows (XOR rows, their transpose, packed output; a bool output adds 7 words a row).
-        It does not depend on the layout asked for, so a seed gives the same shots in every layout."""
+        budget: frames, record, an op's rows where the scan runs the frames (`width` slots: gathered
+        frames, random words, noise masks, about 32 words a slot; the GPU kernel holds none), dense noise
+        draws where the scan makes any (two 64-bit values a shot per slot and event: 160 words a slot;
+        sparse draws take a few words a hit), and the widest output's rows (XOR rows, their transpose,
+        packed output; a bool output adds 7 words a row). It does not depend on the layout asked for,
+        so a seed gives the same shots in every layout."""
         prog = self.program
         dense = any(d is not None and d.dense for d in self._limits)
-        per_slot = 160 if dense else 32
+        per_slot = 0 if _f.frame_engine("auto", 128) != "jax" else 160 if dense else 32
         per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + per_slot * prog.width + 160
                         + 3 * self._out_rows)
         return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
@@ -176,15 +192,16 @@ class _Sampler:
         words = chunk_words(-(-shots // count), budget)
         return [(start, min(32 * words, shots - start), words) for start in range(0, shots, 32 * words)]
 
-    def _records(self, plan):
-        """Yield (first shot, shots in chunk, record flips (M + 1, words), last row zero) chunk by chunk."""
+    def _chunks(self, plan, outputs, bit_packed: bool):
+        """Yield (first shot, shots in chunk, the chunk's outputs) chunk by chunk."""
         prog = self.program
         self._calls += 1
-        call_key = jax.random.fold_in(self._key, self._calls)
         for start, n, words in plan:
-            record = _f.run_program(self._structure, self._tables, jax.random.fold_in(call_key, start), prog.num_qubits,
-                                    prog.num_measurements, words, limits=self._limits)
-            yield start, n, record
+            with jax.enable_x64(True):  # the noise draws' float64 (the tables were converted under it)
+                parts = _chunk(self._structure, self._tables, self._key, np.uint32(self._calls), np.uint32(start),
+                               outputs, prog.num_qubits, prog.num_measurements, words, _f.frame_engine("auto", words),
+                               self._limits, bit_packed)
+            yield start, n, parts
 
     def _sample(self, shots: int, tables, bit_packed: bool, on_device: bool):
         """One array per (idx, invert) of `tables`: those output rows of every shot, in Stim's layout."""
@@ -193,8 +210,7 @@ class _Sampler:
         shapes = [(shots, -(-len(idx) // 8) if bit_packed else len(idx)) for idx, _ in tables]
         dtype = np.uint8 if bit_packed else np.bool_
         plan = self._plan(shots)
-        chunks = ((start, n, [_outputs(record, idx, invert, bit_packed) for idx, invert in tables])
-                  for start, n, record in self._records(plan))
+        chunks = self._chunks(plan, tables, bit_packed)
         if on_device:  # chunks (whole, padding shots included) go into one output each, cut to the shots once
             if not plan:
                 return [jnp.zeros(s, dtype) for s in shapes]

@@ -1,4 +1,4 @@
-"""The Pallas kernels (stabilizer/kernels.py), compiled on a GPU and interpreted on the CPU: each equals
+"""The tableau's Pallas kernels (stabilizer/kernels.py), compiled on a GPU and interpreted on the CPU: each equals
 the pure-JAX rule it replaces, bit for bit, and through it Stim's results."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from pauliprop import gates as G
 from stabilizer import Circuit
-from stabilizer import frames as F
 from stabilizer import kernels as K
 from stabilizer import tableau as T
-from stabilizer.program import gate_action, gate_tables, lowered
+from stabilizer.program import gate_action, lowered
 from stabilizer.simulator import TableauSimulator
 
 stim = pytest.importorskip("stim")
@@ -141,37 +140,3 @@ def test_tableau_program_with_the_kernel_equals_the_pure_program():
     np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
     for a, b in zip(t1, t2):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-@pytest.mark.parametrize("name", ["H", "S", "C_XYZ", "SQRT_Y_DAG", "CX", "CY", "ISWAP", "SQRT_XX_DAG", "XCZ",
-                                  "SWAP", "CXSWAP"])
-def test_frame_gate_kernel_equals_the_pure_rule(name):
-    """Frames of random shots through one gate window (with padding slots and, for one-qubit gates,
-    the spare qubit as the lowering pads them): kernel and pure rule agree bit for bit on every row once
-    written back as the program's scan step does (it drops writes to the spare qubit)."""
-    rng = np.random.default_rng(len(name))
-    q, words, spare = 12, 256, 11
-    arity = gate_action(name)[2]
-    pairs = rng.permutation(spare)[:8].reshape(4, 2) if arity == 2 else np.column_stack(
-        [rng.permutation(spare)[:4], np.full(4, spare)])
-    row = {"q": jnp.asarray(np.vstack([pairs, [[spare, spare]]]), jnp.int32),
-           "fwd": jnp.asarray(gate_tables(name)[0], jnp.int32),
-           "active": jnp.array([True] * 4 + [False]), "advance": jnp.int32(0)}
-    x, z = _random_words(rng, (q, words)), _random_words(rng, (q, words))
-    carry = F._Carry(F.Frames(jnp.asarray(x), jnp.asarray(z)), jnp.zeros((1, words), jnp.uint32), jnp.int32(0),
-                     jnp.uint32(0), jnp.zeros(words, jnp.uint32))
-    want, got = (F._write(carry, row, F._op_gate(F._read(carry, row), row, None, kernel=kernel)).f
-                 for kernel in ("jax", KERNEL))
-    np.testing.assert_array_equal(np.asarray(want.x), np.asarray(got.x))
-    np.testing.assert_array_equal(np.asarray(want.z), np.asarray(got.z))
-
-
-def test_noisy_frames_program_with_the_kernel_equals_the_pure_program():
-    circuit = Circuit(str(stim.Circuit.generated("surface_code:rotated_memory_z", distance=3, rounds=2,
-                                                 after_clifford_depolarization=0.05,
-                                                 before_measure_flip_probability=0.05)))
-    prog = lowered(circuit)
-    flips = [F.run_program(prog.structure(), prog.tables(), jax.random.key(3), prog.num_qubits,
-                           prog.num_measurements, 16, kernel=kernel) for kernel in ("jax", KERNEL)]
-    np.testing.assert_array_equal(np.asarray(flips[0]), np.asarray(flips[1]))
-    assert np.asarray(flips[0]).any()

@@ -42,8 +42,12 @@ def test_noiseless_codes_never_fire(code):
 @pytest.mark.parametrize("d", [3, 5, 7])
 def test_noisy_surface_code_rates_match_stim(d):
     """Each detector's and the observable's firing rate within 5 sigma of Stim's (same shot count)."""
+    check_surface_rates(d)
+
+
+def check_surface_rates(d: int):
     c = _noisy("surface_code:rotated_memory_z", d, 0.01)
-    ours_d, ours_o = compile_detector_sampler(Circuit(c), seed=1).sample(SHOTS, separate_observables=True)
+    ours_d, ours_o = S.compile_detector_sampler(Circuit(c), seed=1).sample(SHOTS, separate_observables=True)
     theirs_d, theirs_o = c.compile_detector_sampler(seed=1).sample(SHOTS, separate_observables=True)
     for a, b in ((ours_d, theirs_d), (ours_o, theirs_o)):
         pa, pb = a.mean(0), b.mean(0)
@@ -138,10 +142,10 @@ def test_shot_counts_in_one_chunk_size_share_the_compiled_programs():
     c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
     s = compile_detector_sampler(c, seed=1)
     s.sample(37, bit_packed=True)
-    sizes = S._outputs._cache_size(), S._f._run_program._cache_size()
+    sizes = S._chunk._cache_size()
     assert s.sample(50, bit_packed=True).shape[0] == 50
     assert np.asarray(s.sample(61, bit_packed=True, on_device=True)).shape[0] == 61
-    assert (S._outputs._cache_size(), S._f._run_program._cache_size()) == sizes
+    assert S._chunk._cache_size() == sizes
 
 
 def test_chunks_cover_the_shots_with_little_padding_and_blockable_sizes():
