@@ -104,7 +104,7 @@ def tables_for_kernel(table) -> dict:
 def _concatenated(structure, tables):
     """All op tables of a program as one table (`tables_for_kernel`), and the structure with each
     table replaced by its (first op, ops): every launch of a program runs the same kernel, compiled once."""
-    flat, spans = [], []
+    flat = []
 
     def walk(structure, tables):
         out = []
