@@ -3,7 +3,10 @@
 
 The circuit is lowered once (`stabilizer.program`); one noiseless reference shot runs it on the
 tableau (random outcomes taken as 0), then Pauli frames run it for all shots (`stabilizer.frames`),
-in chunks so that any number of shots fits in memory. Each is one compiled scan per circuit.
+in chunks so that any number of shots fits in memory. A chunk is one compiled program (key, frames,
+outputs: one dispatch; six dispatches took 1.4 of the 2.3 ms of a d = 5, 1e5-shot sample on an H100),
+compiled per chunk size and output layout: a sampler called in a second layout compiles its frames
+again (seconds on a GPU), the price of the single dispatch.
 
 Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
 with little-endian bits. They are built on the device from the record (rows of bits, shots along
