@@ -41,6 +41,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .kernels import lane_mask
 from .program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, pair_codes
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
@@ -76,11 +77,6 @@ def _uniform(h0, h1):
     """float64 uniform in [0, 1) from 64 random bits (as `frames.uniform64`)."""
     u = h0.astype(jnp.float64) * 2.0**-32 + h1.astype(jnp.float64) * 2.0**-64
     return jnp.minimum(u, 1.0 - 2.0**-53)
-
-
-def _mask(bit):
-    """0 or ~0 as uint32 from 0/1 (or bool) values."""
-    return jnp.uint32(0) - bit.astype(jnp.uint32)
 
 
 def tables_for_kernel(table) -> dict:
@@ -253,7 +249,7 @@ def _kernel(*refs, width, spare, zero_row, bw, interpret):
             outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
             for g in range(4):  # up to sign a Clifford is linear on the frame's bits
                 for b in range(4):
-                    outs[b] = outs[b] ^ (bits[g] & _mask((images[g] >> b) & 1))
+                    outs[b] = outs[b] ^ (bits[g] & lane_mask((images[g] >> b) & 1))
             two = ok & (qb != spare)
             store(x_ref, qa, outs[0], ok, spare)
             store(z_ref, qa, outs[1], ok, spare)
@@ -270,7 +266,7 @@ def _kernel(*refs, width, spare, zero_row, bw, interpret):
             store(record_ref, rows, xa, ok & has, zero_row)
             element = (s[:, None] * bw + jnp.arange(bw, dtype=jnp.int32)[None, :]).astype(jnp.uint32)
             rand, _ = threefry2x32(key[0], key[1], jnp.uint32(_RESET << 28), element)
-            reset = _mask((t["flags"][i, s] & 1)[:, None])
+            reset = lane_mask((t["flags"][i, s] & 1)[:, None])
             store(x_ref, qa, xa & ~reset, ok, spare)
             store(z_ref, qa, (za & ~reset) ^ rand, ok, spare)
 
@@ -282,8 +278,8 @@ def _kernel(*refs, width, spare, zero_row, bw, interpret):
             flags = t["flags"][i, s]
             ok = ok & ((flags >> 3) & 1 == 1)
             qa, m = t["q"][i, s, 0], masks(s)
-            store(x_ref, qa, load(x_ref, qa) ^ (m & _mask(((flags >> 1) & 1)[:, None])), ok, spare)
-            store(z_ref, qa, load(z_ref, qa) ^ (m & _mask(((flags >> 2) & 1)[:, None])), ok, spare)
+            store(x_ref, qa, load(x_ref, qa) ^ (m & lane_mask(((flags >> 1) & 1)[:, None])), ok, spare)
+            store(z_ref, qa, load(z_ref, qa) ^ (m & lane_mask(((flags >> 2) & 1)[:, None])), ok, spare)
 
         slot_tiles(i, body)
 
@@ -339,7 +335,7 @@ def run_table(table: dict, span, x, z, record, chain, key_data, counter, base, i
     state = jnp.stack([key_data[0], key_data[1], counter, base.astype(jnp.uint32), *map(jnp.uint32, span)])
     kernel = partial(_kernel, width=table["q"].shape[1], spare=x.shape[0] - 1, zero_row=record.shape[0] - 1,
                      bw=bw, interpret=interpret)
-    arrays = [table[name] for name in _TABLE_NAMES] + [state.astype(jnp.uint32), x, z, record, chain]
+    arrays = [table[name] for name in _TABLE_NAMES] + [state, x, z, record, chain]
     first = len(_TABLE_NAMES) + 1
     return pl.pallas_call(
         lambda *refs: kernel(*refs[:first], *refs[-4:]),

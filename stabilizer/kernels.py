@@ -65,8 +65,8 @@ def _popcount(v):
     return lax.population_count(lax.bitcast_convert_type(v, jnp.int32))
 
 
-def _mask(bit):
-    """0 or ~0 as uint32 from a 0/1 int32 scalar."""
+def lane_mask(bit):
+    """0 or ~0 as uint32 from 0/1 int32 values (the frame kernel uses it too)."""
     return (jnp.int32(0) - bit).astype(jnp.uint32)
 
 
@@ -93,7 +93,7 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
             code = codes_ref[i, g]
             x = z = c1 = c2 = jnp.zeros((bw,), jnp.uint32)
             for f in range(num_rows):
-                m = _mask((code >> f) & 1)
+                m = lane_mask((code >> f) & 1)
                 x2, z2 = fx[f] & m, fz[f] & m
                 x1z2 = x & z2
                 anti = (x2 & z) ^ x1z2
