@@ -18,6 +18,8 @@ d = 17 surface-code sample on an H100.)
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache, partial
 
 import jax
@@ -131,9 +133,28 @@ def _start_host_copy(x: jax.Array) -> jax.Array:
 
 
 def _copy_into(outs, start, n, parts):
-    """Write a chunk's first n rows into the host outputs."""
+    """Write a chunk's first n rows into the host outputs, a large copy split by rows over threads:
+    numpy releases the GIL while it copies, so the first-touch page faults of a fresh output and the
+    copy itself run on several cores (one core took 1.25 ms for the 16 MB of a d = 5, 1e6-shot packed
+    sample on an H100's host, as long as the rest of the call; np.asarray of the page-locked chunk is
+    a view, 0.03 ms). The outputs stay ordinary writable arrays, as Stim's are."""
     for o, p in zip(outs, parts):
-        o[start:start + n] = np.asarray(p)[:n]
+        src, dst = np.asarray(p)[:n], o[start:start + n]
+        pieces = min(_COPY_THREADS, dst.nbytes // _COPY_PIECE_BYTES)
+        if pieces <= 1:
+            dst[...] = src
+            continue
+        bounds = np.linspace(0, n, pieces + 1).astype(int)
+        list(_copy_threads().map(lambda a, b: dst.__setitem__(slice(a, b), src[a:b]), bounds[:-1], bounds[1:]))
+
+
+_COPY_PIECE_BYTES = 1 << 21  # a thread's share of a host copy is at least this much
+_COPY_THREADS = min(8, os.cpu_count() or 1)
+
+
+@cache
+def _copy_threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="stabilizer-copy")
 
 
 def _index_table(lists: list[list[int]], zero_row: int) -> np.ndarray:

@@ -110,13 +110,18 @@ def _packbits(a):
     return np.packbits(a, axis=1, bitorder="little")
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "32-shot chunks"])
-def test_packed_and_device_outputs_are_the_bool_shots(chunked, monkeypatch):
+@pytest.mark.parametrize("chunked,split", [(False, False), (True, False), (False, True)],
+                         ids=["one chunk", "32-shot chunks", "host copies split over threads"])
+def test_packed_and_device_outputs_are_the_bool_shots(chunked, split, monkeypatch):
     """For a fixed seed, bit_packed=True is np.packbits(bools, bitorder="little") bit for bit and
     on_device=True gives the same arrays, for shot counts that are not multiples of 8 or 32, in one
-    chunk or in 32-shot chunks (the last one partial), for the layouts of both samplers."""
+    chunk or in 32-shot chunks (the last one partial), with the host copies in one piece or split by
+    rows over threads, for the layouts of both samplers."""
     if chunked:
         monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 10)
+    if split:  # pieces of a few rows, uneven, over three threads
+        monkeypatch.setattr(S, "_COPY_PIECE_BYTES", 5)
+        monkeypatch.setattr(S, "_COPY_THREADS", 3)
     c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
     shots = 101 if chunked else 37
     layouts = [{}, {"separate_observables": True}]
