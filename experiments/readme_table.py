@@ -63,7 +63,7 @@ def rows() -> list[list[str]]:
     peer = sum(r["seconds"] for r in d["records"] if r["tool"] == "pauli-prop")
     out.append(_row("127-qubit kicked Ising, 3 angles as one batch, 1e5 terms, fresh process", d,
                     batch["batch_first_call_s"], "pauli-prop", peer, [f]))
-    f = "stabilizer_surface_kernel_h100_2026-11-26.json"  # the frame kernel, cuStabilizer in the same run
+    f = "stabilizer_surface_copies_h100_2026-11-26.json"  # frame kernel, threaded host copies; cuStabilizer beside
     d = _load(f)
     rec = lambda tool, dist, shots: next(r for r in d["records"] if (r["tool"], r["d"], r["shots"]) ==
                                          (tool, dist, shots) and r.get("status") == "ok")

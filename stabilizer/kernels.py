@@ -9,6 +9,10 @@
 * `collapse_rows`: the elimination step of a random measurement (a CX fan-out from the pivot appended
   to every row): each program streams a block of rows, carrying the prefix parity from word block
   to word block, and rewrites their x words in place.
+* `plan_rows` and `apply_rows`: a block of measurements (tableau.py's MEASURE_BLOCK section) as two
+  launches instead of XLA loops of small kernels: the plan collapses the measured rows one after
+  another in one program; the apply replays the block's collapses on every row, a block of rows a
+  program.
 
 The pure-JAX versions (`stabilizer.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
@@ -28,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 MAX_BLOCK_WORDS = 128
 
@@ -192,3 +197,197 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
         input_output_aliases={3: 0},
         interpret=interpret,
     )(kmask, xp, zp, xs, zs)
+
+
+# ---- tableau: many Z measurements in blocks (the rules tableau._plan_block and tableau._apply_block) ----
+#
+# A block of MEASURE_BLOCK measurements is two launches: the plan (one program holding the measured
+# rows, collapsing them one after another in registers) and the apply (a program a block of rows:
+# each row's bits at the pivots and its fan-out parities, the collapses replayed on those words, then
+# the fan-outs XORed into its x words). Both replace XLA loops of many small kernels a step.
+
+PLAN_WARPS = 8
+APPLY_ROWS = 32  # rows an apply program owns
+APPLY_WORDS = 8  # words an apply program's passes load at a time (rows x words x 32 accumulators)
+
+
+def _pick(mask, values, axis=None):
+    """The one entry of `values` where `mask` holds (summed over `axis`; 0 where none does), in the
+    values' dtype (under x64 a plain sum of uint32 would widen)."""
+    return jnp.sum(jnp.where(mask, values, jnp.zeros_like(values)), axis=axis, dtype=values.dtype)
+
+
+def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref):
+    b, w = xs_ref.shape
+    row = jnp.arange(b, dtype=jnp.int32)
+    col = jnp.arange(w, dtype=jnp.int32)
+    one = jnp.uint32(1)
+
+    def collapse(j, carry):
+        x, z, signs, pivots, flags = carry
+        at_j = row == j
+        xj = _pick(at_j[:, None], x, axis=0)  # (w,) the measured row's x words
+        random = (_pick(at_j, active_ref[...]) != 0) & (jnp.max((xj != 0).astype(jnp.int32)) > 0)
+        w0 = jnp.min(jnp.where(xj != 0, col, w - 1))  # first nonzero word
+        xw = _pick(col == w0, xj)
+        low = xw & (jnp.uint32(0) - xw)
+        bit = jnp.where(random, _popcount(low - one), 0)
+        km = jnp.where(random, xj ^ jnp.where(col == w0, low, jnp.uint32(0)), jnp.uint32(0))
+        at_w = (col == w0)[None, :]
+
+        def pivot_bits(v):  # (b,) each row's bit at the pivot
+            return (_pick(at_w, v, axis=1) >> bit.astype(jnp.uint32)) & one
+
+        xp, zp = pivot_bits(x), pivot_bits(z)
+        # CX(pivot, k) for k in km on every row (tableau._fan_out_jax)
+        zk = z & km[None, :]
+        inclusive = zk
+        for shift in (1, 2, 4, 8, 16):
+            inclusive = inclusive ^ (inclusive << jnp.uint32(shift))
+        word_parity = (_popcount(zk) & 1).astype(jnp.uint32)
+        earlier = (jnp.cumsum(word_parity, axis=1, dtype=jnp.uint32) - word_parity) & one
+        before = (inclusive ^ zk) ^ (jnp.uint32(0) - earlier) ^ (jnp.uint32(0) - zp)[:, None]
+        flips = jnp.sum(_popcount(zk & ~(x ^ before)), axis=1, dtype=jnp.int32) & 1
+        zpar = jnp.sum(word_parity, axis=1, dtype=jnp.uint32) & one
+        x = x ^ (km[None, :] & (jnp.uint32(0) - xp)[:, None])
+        signs = signs ^ (xp.astype(jnp.int32) & flips)
+        bz = zp ^ zpar  # the pivot's z bit after the fan-out
+        use_yz = _pick(at_j, bz) == 1
+        # H (X^a Z^c -> (-1)^ac X^c Z^a) or H_YZ (-> (-1)^(a & ~c) X^(a^c) Z^c) on the pivot, if random
+        nx = jnp.where(use_yz, xp ^ bz, bz)
+        nz = jnp.where(use_yz, bz, xp)
+        gate_flip = jnp.where(use_yz, xp & ~bz, xp & bz) & one
+        nx, nz = jnp.where(random, nx, xp), jnp.where(random, nz, bz)
+        signs = signs ^ jnp.where(random, gate_flip.astype(jnp.int32), 0)
+        keep = ~(one << bit.astype(jnp.uint32))
+        shifted = lambda v: (v << bit.astype(jnp.uint32))[:, None]
+        x = jnp.where(at_w, (x & keep) | shifted(nx), x)
+        z = jnp.where(at_w, (z & keep) | shifted(nz), z)
+        # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot
+        fix = random & (_pick(at_j, signs) != _pick(at_j, guesses_ref[...]))
+        signs = signs ^ jnp.where(fix, nz.astype(jnp.int32), 0)
+        kmask_ref[pl.ds(j, 1), :] = km[None, :]
+        pivots = jnp.where(at_j, jnp.where(random, w0 * 32 + bit, 0), pivots)
+        code = random.astype(jnp.int32) | (use_yz.astype(jnp.int32) << 1) | (fix.astype(jnp.int32) << 2)
+        flags = jnp.where(at_j, code | (_pick(at_j, signs) << 3), flags)
+        return x, z, signs, pivots, flags
+
+    zeros = jnp.zeros(b, jnp.int32)
+    _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (xs_ref[...], zs_ref[...], signs_ref[...], zeros, zeros))
+    pivot_ref[...] = pivots
+    flags_ref[...] = flags
+
+
+@partial(jax.jit, static_argnames=("interpret",))
+def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
+    """The rule of tableau._plan_block in one program: the measured rows xs, zs (b, W) collapsed in
+    order (active (b,), the outcome each random one takes guesses (b,), signs (b,), all int32 0/1).
+    Returns (pivot (b,) int32, kmask (b, W) uint32, flags (b,) int32: bit 0 random, 1 use_yz,
+    2 fix, 3 outcome). Rows are padded to a power of two words for the program (zero words)."""
+    b, w = xs.shape
+    wp = 1 << max(0, (w - 1).bit_length())
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, wp - w)))
+    pivot, kmask, flags = pl.pallas_call(
+        _plan_kernel,
+        grid=(1,),
+        out_shape=(jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b, wp), jnp.uint32),
+                   jax.ShapeDtypeStruct((b,), jnp.int32)),
+        compiler_params=plgpu.CompilerParams(num_warps=PLAN_WARPS, num_stages=1),
+        interpret=interpret,
+    )(pad(xs), pad(zs), signs, active, guesses)
+    return pivot, kmask[:, :w], flags
+
+
+def _apply_kernel(steps_ref, kp_ref, kext_ref, pmask_ref, xs_in, zs_ref, xs_ref, xo_ref, zo_ref, xn_ref, zn_ref,
+                  phase_ref, ys_ref, *, b, nb, bw):
+    """Loops over the b steps, not unrolled: Triton compiled the unrolled kernel in 85-90 s."""
+    del xs_in  # aliased with xs_ref
+    r0 = pl.program_id(0) * APPLY_ROWS
+    block = pl.ds(r0, APPLY_ROWS)
+    rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
+    one = jnp.uint32(1)
+
+    def words_at(k):
+        return pl.ds(k * bw, bw)
+
+    def pivot_bits(j, carry):  # each row's bits at the (distinct) pivot columns, as slot bits
+        xo, zo = carry
+        wj = jnp.full((APPLY_ROWS,), steps_ref[0, j], jnp.int32)
+        sj, fj = steps_ref[1, j].astype(jnp.uint32), steps_ref[2, j].astype(jnp.uint32)
+        at = lambda ref: (((ref[rows, wj] >> sj) & one) * fj) << j.astype(jnp.uint32)
+        return xo | at(xs_ref), zo | at(zs_ref)
+
+    zero_words = jnp.zeros(APPLY_ROWS, jnp.uint32)
+    xo, zo = lax.fori_loop(0, b, pivot_bits, (zero_words, zero_words))
+
+    # the parity of each row's z under each fan-out's columns off the pivots (bit j of zk): XORs of
+    # words first, one popcount a row and fan-out at the end
+    def parities(k, acc):
+        z = zs_ref[block, words_at(k)]
+        return acc ^ (z[None, :, :] & kext_ref[:, words_at(k)][:, None, :])
+
+    acc = lax.fori_loop(0, nb, parities, jnp.zeros((b, APPLY_ROWS, bw), jnp.uint32))
+    parity = (jnp.sum(_popcount(acc), axis=2, dtype=jnp.int32) & 1).astype(jnp.uint32)  # (b, rows)
+    zk = jnp.sum(parity << jnp.arange(b, dtype=jnp.uint32)[:, None], axis=0, dtype=jnp.uint32)
+
+    def step(j, carry):  # one collapse on the pivot words (tableau._apply_block's step)
+        x, z, controls, phase = carry
+        s, f, kpj = steps_ref[3, j].astype(jnp.uint32), steps_ref[4, j], kp_ref[j]
+        on, use_yz, fix = (f & 1) == 1, (f & 2) == 2, (f & 4) == 4
+        c = jnp.where(on, (x >> s) & one, jnp.uint32(0))
+        controls = controls | (c << j.astype(jnp.uint32))
+        x = x ^ ((jnp.uint32(0) - c) & kpj)
+        zpar = ((zk >> j.astype(jnp.uint32)) & one) ^ (_popcount(z & kpj).astype(jnp.uint32) & one)
+        z = z ^ (jnp.where(on, zpar, jnp.uint32(0)) << s)
+        bz = (z >> s) & one
+        nx = jnp.where(use_yz, c ^ bz, bz)
+        nz = jnp.where(use_yz, bz, c)
+        d = jnp.where(use_yz, 2 * c + bz, 2 * c * bz).astype(jnp.int32)
+        d = d + 2 * (fix & (nz == 1)).astype(jnp.int32)
+        keep = ~(one << s)
+        x = jnp.where(on, (x & keep) | (nx << s), x)
+        z = jnp.where(on, (z & keep) | (nz << s), z)
+        return x, z, controls, phase + jnp.where(on, d, 0)
+
+    x, z, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero_words, jnp.zeros(APPLY_ROWS, jnp.int32)))
+
+    # off the pivots: x takes the fan-outs its controls select; count Ys before and after
+    def rewrite(k, ys):
+        cols = words_at(k)
+        xw, zw = xs_ref[block, cols], zs_ref[block, cols]
+
+        def fan_out(j, new):
+            ctrl = lane_mask(((controls >> j.astype(jnp.uint32)) & one).astype(jnp.int32))
+            return new ^ (kext_ref[j, cols][None, :] & ctrl[:, None])
+
+        new = lax.fori_loop(0, b, fan_out, xw)
+        xs_ref[block, cols] = new
+        off = ~pmask_ref[cols][None, :]
+        return ys + jnp.sum(_popcount(xw & zw) - _popcount(new & zw & off), axis=1, dtype=jnp.int32)
+
+    ys_ref[block] = lax.fori_loop(0, nb, rewrite, jnp.zeros(APPLY_ROWS, jnp.int32))
+    xo_ref[block], zo_ref[block], xn_ref[block], zn_ref[block], phase_ref[block] = xo, zo, x, z, phase
+
+
+@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0,))
+def apply_rows(xs, zs, steps, kp, kext, pmask, interpret: bool = False):
+    """The word-parallel part of tableau._apply_block, xs updated in place: each row's bits at the
+    pivots, its fan-out parities, the b collapses on those words, and the fan-outs (kext (b, W), off
+    the pivot columns pmask (W,)) XORed into its x words by its controls. steps (5, b) int32: pivot
+    word, shift, first (the distinct pivots), slot, flags (bit 0 random, 1 use_yz, 2 fix); kp (b,)
+    uint32 each fan-out's pivot columns as slot bits. Returns (xs, then (R,) arrays: the pivot bits of
+    x and z before and after (uint32 slot bits), the phase, and the Y count before minus the Y count
+    after off the pivots (int32)). The pivot columns of xs and zs are left to the caller."""
+    r, w = xs.shape
+    b, bw = kext.shape[0], min(w, APPLY_WORDS)
+    if r % APPLY_ROWS or block_words(w) is None:
+        raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
+    row_words, row_ints = jax.ShapeDtypeStruct((r,), jnp.uint32), jax.ShapeDtypeStruct((r,), jnp.int32)
+    return pl.pallas_call(
+        partial(_apply_kernel, b=b, nb=w // bw, bw=bw),
+        grid=(r // APPLY_ROWS,),
+        out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype),) + (row_words,) * 4 + (row_ints,) * 2,
+        input_output_aliases={4: 0},
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+    )(steps, kp, kext, pmask, xs, zs)

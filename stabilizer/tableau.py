@@ -278,7 +278,8 @@ def peek_z(t: Tableau, q):
 #    phase, so with P = i^{#Y} X^x Z^z a row's sign changes by i^(#Y before - #Y after + the phases
 #    of the pivots' H, H_YZ and X), all read from the pivot words.
 #
-# The result is bit for bit the tableau of the sequential rule with the same random outcomes.
+# The result is bit for bit the tableau of the sequential rule with the same random outcomes. On GPUs
+# both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows), checked against these rules.
 
 MEASURE_BLOCK = 32  # targets planned together: a row's bits at their pivots fill one uint32
 # a MEASURE op runs in blocks when its table has room for a block (MEASURE_BLOCK slots or more) and at
@@ -308,9 +309,17 @@ class _Plan(NamedTuple):
     outcome: jax.Array  # (b,) bool
 
 
-def _plan_block(rows: Tableau, active, guesses) -> _Plan:
-    """Step 1: collapse the measured rows (rows (b, W): row j is T(Z_q_j)) in order."""
+def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
+    """Step 1: collapse the measured rows (rows (b, W): row j is T(Z_q_j)) in order. kernel: as in
+    `prepend` (the Pallas plan is one program; its use_yz is not this rule's where not random)."""
     b, w = rows.xs.shape
+    mode = kernels.kernel_mode(kernel, w)
+    if mode != "jax":
+        as_int = lambda v: v.astype(jnp.int32)
+        pivot, kmask, flags = kernels.plan_rows(rows.xs, rows.zs, as_int(rows.signs), as_int(active), as_int(guesses),
+                                                interpret=mode == "interpret")
+        bit = lambda i: (flags >> i) & 1 == 1
+        return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
     plan = _Plan(jnp.zeros(b, jnp.int32), jnp.zeros((b, w), jnp.uint32), jnp.zeros(b, bool), jnp.zeros(b, bool),
                  jnp.zeros(b, bool), jnp.zeros(b, bool))
 
@@ -326,8 +335,9 @@ def _plan_block(rows: Tableau, active, guesses) -> _Plan:
     return lax.fori_loop(0, b, step, (rows, plan))[1]
 
 
-def _apply_block(t: Tableau, plan: _Plan) -> Tableau:
-    """Step 2: the planned collapses on every row of t, in one pass (see the section comment)."""
+def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
+    """Step 2: the planned collapses on every row of t, in one pass (see the section comment). kernel:
+    as in `prepend` (the Pallas kernel does the word-parallel part, kernels.apply_rows)."""
     b = plan.pivot.shape[0]
     slots = jnp.arange(b)
     p, random = plan.pivot, plan.random
@@ -340,6 +350,20 @@ def _apply_block(t: Tableau, plan: _Plan) -> Tableau:
     pmask = jnp.zeros(t.xs.shape[1], jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
     kext = plan.kmask & ~pmask
     kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
+    mode = kernels.kernel_mode(kernel, t.xs.shape[1])
+    if mode != "jax":
+        flags = random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
+        steps = jnp.stack([word, shift.astype(jnp.int32), first.astype(jnp.int32), slot.astype(jnp.int32), flags])
+        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, pmask,
+                                                           interpret=mode == "interpret")
+
+        def at_pivots(words, new, old):  # set the pivot bits: adding new - old at distinct bits is exact
+            bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
+            return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
+
+        xs, zs = at_pivots(xs, xn, xo), at_pivots(t.zs, zn, zo)
+        flip = ((ys - lax.population_count(xn & zn).astype(jnp.int32) + phase) % 4) == 2
+        return Tableau(xs, zs, t.signs ^ flip)
     x = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
     z = pack(_columns(t.zs, p) * first)
 
@@ -386,7 +410,7 @@ def _apply_block(t: Tableau, plan: _Plan) -> Tableau:
     return Tableau(xs, zs, t.signs ^ flip)
 
 
-def _measure_many_inner(t: Tableau, qubits, active, guesses):
+def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"):
     n, b = t.capacity, MEASURE_BLOCK
     k = qubits.shape[0]
     pad = -k % b
@@ -399,20 +423,21 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses):
         t, outcomes = carry
         part = lambda a: lax.dynamic_slice_in_dim(a, i * b, b)
         rows = n + part(qubits)
-        plan = _plan_block(Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), part(active), part(guesses))
-        t = lax.cond(jnp.any(plan.random), _apply_block, lambda t, plan: t, t, plan)
+        plan = _plan_block(Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), part(active), part(guesses), kernel)
+        t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
         return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
 
     t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool)))
     return t, outcomes[:k]
 
 
-@partial(jax.jit, donate_argnums=(0,))
-def measure_many_z(t: Tableau, qubits, active, random_results):
+@partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
+def measure_many_z(t: Tableau, qubits, active, random_results, kernel: str = "auto"):
     """Measure Z on distinct qubits (k,) int32 in order, in blocks of MEASURE_BLOCK (see above);
     slots where active (k,) is False do nothing. Returns (tableau, outcomes (k,) bool); a random
-    outcome is its `random_results` entry. Same tableau and outcomes as `measure_z` in a loop."""
-    return _measure_many_inner(t, qubits, active, random_results)
+    outcome is its `random_results` entry. Same tableau and outcomes as `measure_z` in a loop.
+    kernel: as in `prepend` (a block's plan and apply)."""
+    return _measure_many_inner(t, qubits, active, random_results, kernel)
 
 
 # ---- a lowered program (stabilizer.program) on the tableau ----------------------------------------
@@ -439,16 +464,17 @@ def _op_measure(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
     if k < MEASURE_BLOCK or os.environ.get("STABILIZER_MEASURE") == "slots":  # the env: for A/B timings
         return _measure_slots(c, row, flips, kernel)
     many = jnp.sum(row["active"]) >= BATCH_MIN_ACTIVE
-    return lax.cond(many, _measure_blocks, partial(_measure_slots, kernel=kernel), c, row, flips)
+    return lax.cond(many, partial(_measure_blocks, kernel=kernel), partial(_measure_slots, kernel=kernel), c, row,
+                    flips)
 
 
-def _measure_blocks(c: _Carry, row, flips) -> _Carry:
+def _measure_blocks(c: _Carry, row, flips, kernel: str = "jax") -> _Carry:
     """A MEASURE op in blocks (`_measure_many_inner`): the same tableau and record as `_measure_slots`."""
     n = c.t.capacity
     scratch = c.record.shape[0] - 1
     q, active = row["q"][:, 0], row["active"]
     rec = jnp.where(active & (row["rec"] >= 0), c.base + row["rec"], scratch)
-    t, outcomes = _measure_many_inner(c.t, q, active, c.guesses[rec])
+    t, outcomes = _measure_many_inner(c.t, q, active, c.guesses[rec], kernel)
     record = c.record.at[rec].set(outcomes ^ row["invert"] ^ flips)
     # a reset sets the sign after the measurement; the later collapses of the op leave that row alone
     signs = t.signs.at[n + q].set(jnp.where(active & row["reset"], False, t.signs[n + q]))

@@ -140,3 +140,65 @@ def test_tableau_program_with_the_kernel_equals_the_pure_program():
     np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
     for a, b in zip(t1, t2):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---- many measurements in blocks: the plan and apply kernels -------------------------------------------
+
+def _measured_rows(n: int, seed: int):
+    """A random state on n qubits (a quarter left determined) and a block of MEASURE_BLOCK measured
+    rows T(Z_q) in random order, some slots inactive, random outcomes to take."""
+    from .test_measure_many import _state_text, _tableau
+
+    rng = np.random.default_rng(seed)
+    t = _tableau(_state_text(n, rng, 3, deterministic=n // 4), n)
+    b = T.MEASURE_BLOCK
+    rows = t.capacity + jnp.asarray(rng.permutation(max(n, b))[:b] % n)
+    active, guesses = jnp.asarray(rng.random(b) < 0.85), jnp.asarray(rng.random(b) < 0.5)
+    return t, T.Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), active, guesses
+
+
+@pytest.mark.parametrize("n,seed", [(33, 1), (130, 2), (300, 3)])
+def test_plan_and_apply_kernels_equal_the_pure_rules(n, seed):
+    """A block's plan (pivots, fan-out masks, H or H_YZ, fixes, outcomes) and its replay on every row
+    of the tableau, by the kernels, equal the pure rules bit for bit (use_yz only where the collapse
+    is random: elsewhere neither rule uses it). Rows of one word block and of several; a recurring
+    row makes a pivot column recur."""
+    t, rows, active, guesses = _measured_rows(n, seed)
+    want = T._plan_block(rows, active, guesses, "jax")
+    got = T._plan_block(rows, active, guesses, KERNEL)
+    random = np.asarray(want.random)
+    assert random.any()
+    for name, a, b in zip(want._fields, want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        np.testing.assert_array_equal(a[random] if name == "use_yz" else a, b[random] if name == "use_yz" else b)
+    copy = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+    for a, b in zip(T._apply_block(copy(t), want, "jax"), T._apply_block(copy(t), want, KERNEL)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
+    """All qubits of a random 70-qubit state measured in blocks by the kernels: the outcomes and the
+    tableau of `measure_z` one qubit at a time with the same random choices."""
+    rng = np.random.default_rng(4)
+    t, _, _, _ = _measured_rows(70, 4)
+    order = rng.permutation(70).astype(np.int32)
+    guesses = rng.random(70) < 0.5
+    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
+    for q, g in zip(order, guesses):
+        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
+        outs.append(bool(r))
+    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.asarray(order), jnp.ones(70, bool),
+                                     jnp.asarray(guesses), kernel=KERNEL)
+    assert [bool(o) for o in np.asarray(outcomes)] == outs
+    for a, b in zip(got, seq):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_measure_kernels_lower_to_triton_on_any_machine():
+    """Lowering for CUDA runs Pallas's Triton lowering on any machine: the plan and apply kernels use
+    only primitives it can lower."""
+    t = T.identity(300)
+    k = 2 * T.MEASURE_BLOCK
+    lowered = T.measure_many_z.trace(t, jnp.arange(k, dtype=jnp.int32), jnp.ones(k, bool), jnp.zeros(k, bool),
+                                     kernel="pallas").lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("triton") >= 2
