@@ -228,7 +228,8 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     need = count(keep)
     if not (stop and limits.max_terms is None):
         mag = jnp.abs(run_coeff)
-        cut = lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i]))
+        cut = lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i]),
+                                        tiebreak_all=lambda: tie_keys(ws))
         capped = lax.cond(shared(need > limit), cut, lambda k: k, keep)
         dropped = dropped.at[rule].add(jnp.sum(jnp.where(keep & ~capped, mag, 0)))
         keep = capped
@@ -251,7 +252,7 @@ def _pivot(g):
     gx, gz = halves(g)
     w = gx.shape[-1]
     site = gx | gz
-    lane = jnp.argmax(site != 0, axis=-1)
+    lane = lax.argmax(site != 0, site.ndim - 1, jnp.int32)  # jnp.argmax: int64 under x64, kept a word on GPUs
     bits = jnp.take_along_axis(site, lane[..., None], axis=-1)[..., 0]
     mask = bits & (~bits + jnp.uint32(1))
     in_x = (jnp.take_along_axis(gx, lane[..., None], axis=-1)[..., 0] & mask) != 0
@@ -270,7 +271,8 @@ def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
     def cut(args):
         coeffs, meta, dropped = args
         mag = jnp.abs(coeffs)
-        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: tie_keys(words[i]))
+        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: tie_keys(words[i]),
+                               tiebreak_all=lambda: tie_keys(words))
         return (jnp.where(kept, coeffs, 0), jnp.where(kept, meta, 0),
                 dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0))))
 
@@ -390,9 +392,12 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
                 a, b = jnp.minimum(i, cap - 1), jnp.clip(i - cap, 0, room - 1)
                 return tie_keys(jnp.where((i < cap)[:, None], words[a], sw[b]))
 
+            # every entry's: the keys of the two arrays as they are, not of a gathered (capacity + room,
+            # 2W) copy of their words (48-64 bytes a slot where XLA kept it)
+            keys_all = lambda: jnp.concatenate([tie_keys(words), tie_keys(sw)])
             # max_terms: the bucket selection (fast, common at saturation); otherwise this is the overflow
             # path, which reruns at a larger capacity: one sort, which compiles fastest
-            kept = _t.keep_largest(mag, both, limit, tiebreak=keys_at,
+            kept = _t.keep_largest(mag, both, limit, tiebreak=keys_at, tiebreak_all=keys_all,
                                    method="sort" if limits.max_terms is None and on_cpu() else None)
             return kept[:cap], kept[cap:], jnp.sum(jnp.where(both & ~kept, mag, 0))
 

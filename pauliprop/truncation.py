@@ -104,17 +104,21 @@ def violations(trunc, coeffs, weights, sins):
     return w, c, s
 
 
-def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
+def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None, tiebreak_all=None):
     """Mask of the k largest magnitudes among `mask`, or `mask` if it has <= k.
 
     Kept: the first k masked entries in the order (-magnitude, tiebreak, position). Ties at the
     threshold are common (equal-angle circuits give equal magnitudes); `tiebreak` decides them:
     non-negative integer keys below 2**TIE_BITS (2**32 without x64), smallest first, as an array or
-    a function of an index array (then only the entries that can matter are evaluated). The
+    a function of an index array (then only the entries that can matter are evaluated; `tiebreak_all`,
+    a function of no arguments, may give every entry's key where that costs less memory than the
+    function of all indices, which gathers every entry's data first). The
     propagation passes `merge.tie_keys` (the Pauli weight, then the word's fingerprint), so which of
     equally large terms stay depends on the words alone, not on the slots they sit in: a batch, a
     larger capacity or another room keeps the same terms. Position decides only among equal keys.
-    Selection works on the float's bit pattern (monotone for values >= 0):
+    Selection works on the float's bit pattern (monotone for values >= 0), one unsigned array of it
+    for every method: a signed copy beside it, or a masked one, took 8 bytes an entry more wherever
+    XLA kept both (a rotation's cut runs over the capacity and its room together):
     "bucket" (CPUs): 16-bit histograms of the bits, most significant first, narrow the threshold down
     to a bucket of at most BUCKET_ROOM entries, which are gathered and sorted (`_bucket_cut`); more
     exactly equal magnitudes than that at the threshold are the threshold itself, and its ties are
@@ -128,8 +132,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
     method = method or ("bucket" if jax.default_backend() == "cpu" else "bisect")
     if method not in ("bucket", "sort", "bisect"):
         raise ValueError(f"unknown keep_largest method {method!r}")
-    itype = jnp.int64 if magnitudes.dtype == jnp.float64 else jnp.int32
-    bits = lax.bitcast_convert_type(magnitudes, itype)
+    bits = lax.bitcast_convert_type(magnitudes, jnp.uint64 if magnitudes.dtype == jnp.float64 else jnp.uint32)
     utype = _tie_type()
     if tiebreak is None:
         tb_at = lambda i: jnp.zeros(i.shape, utype)
@@ -137,8 +140,12 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
         tb_at = lambda i: tiebreak(i).astype(utype)
     else:
         tb_at = lambda i: jnp.asarray(tiebreak)[i].astype(utype)
-    everywhere = lambda: jnp.asarray(tiebreak).astype(utype) if tiebreak is not None and not callable(tiebreak) \
-        else tb_at(jnp.arange(bits.shape[0], dtype=jnp.int32))
+    if tiebreak_all is not None:
+        everywhere = lambda: tiebreak_all().astype(utype)
+    elif tiebreak is not None and not callable(tiebreak):
+        everywhere = lambda: jnp.asarray(tiebreak).astype(utype)
+    else:
+        everywhere = lambda: tb_at(jnp.arange(bits.shape[0], dtype=jnp.int32))
 
     def cut_at(t, some_tie_may_stay):
         """Everything above the threshold t, and the first of its ties by (tiebreak, position)."""
@@ -150,7 +157,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None):
         return above | first()
 
     if method == "bisect":
-        return cut_at(_bisect_select(bits, mask, k, 63 if itype == jnp.int64 else 31, itype), True)
+        return cut_at(_bisect_select(bits, mask, k), True)
     covered = count(mask) <= k
     if method == "sort":
         return jnp.where(covered, mask, _sorted_cut(bits, mask, k, everywhere()))
@@ -187,8 +194,7 @@ def _first_by_key(sel, need, tb):
 def _sorted_cut(bits, mask, k, tb):
     """keep_largest by one stable sort of every entry by (outside the mask, -magnitude, tiebreak)."""
     n = bits.shape[0]
-    unsigned = jnp.uint64 if bits.dtype == jnp.int64 else jnp.uint32
-    keys = ((~mask).astype(jnp.uint32), ~bits.astype(unsigned), tb, jnp.arange(n, dtype=jnp.int32))
+    keys = ((~mask).astype(jnp.uint32), ~bits, tb, jnp.arange(n, dtype=jnp.int32))
     at = lax.sort(keys, num_keys=3, is_stable=True)[3]
     return jnp.zeros(n, bool).at[at].set(jnp.arange(n) < k) & mask
 
@@ -203,12 +209,11 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
     `ties_at(threshold)` cuts them. The program holds one histogram and three sorts."""
     n = bits.shape[0]
     room = min(BUCKET_ROOM, n)
-    total = 64 if bits.dtype == jnp.int64 else 32
+    unsigned = bits.dtype.type
+    total = 8 * bits.dtype.itemsize
     size = 1 << DIGIT_BITS
-    unsigned = jnp.uint64 if total == 64 else jnp.uint32
-    ubits = bits.astype(unsigned)
     # the leading `b` bits of every entry (0 bits: 0; a shift by the type's width is undefined)
-    leading = lambda b: jnp.where(b > 0, ubits >> (total - jnp.maximum(b, 1)).astype(unsigned), 0)
+    leading = lambda b: jnp.where(b > 0, bits >> (total - jnp.maximum(b, 1)).astype(unsigned), 0)
 
     def level(state):
         depth, prefix, above, _ = state
@@ -233,7 +238,7 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
         ib = max(1, (room - 1).bit_length())  # bits of an index into the gathered entries
         at = jnp.arange(room, dtype=unsigned)
         rest = (unsigned(1) << (total - DIGIT_BITS * depth).astype(unsigned)) - 1  # the bits below the prefix
-        low = ubits[s] & rest
+        low = bits[s] & rest
         order = lax.sort(jnp.where(ok, ((rest - low) << ib) | at, unsigned(jnp.iinfo(unsigned).max)))
         order = order & unsigned((1 << ib) - 1)
         need = k - above
@@ -249,7 +254,7 @@ def _bucket_cut(bits, mask, k, covered, tb_at, ties_at):
 
     pick = jnp.where(covered, 0, jnp.where(inside <= room, 1, 2))
     # in a batch (batching.shared) a covered member may run another member's branch: it keeps its mask
-    branches = [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix.astype(bits.dtype))]
+    branches = [lambda _: mask, gathered_bucket, lambda _: ties_at(prefix)]
     return jnp.where(covered, mask, lax.switch(shared(pick), branches, None))
 
 
@@ -275,16 +280,15 @@ def histogram(bins, size: int):
     return jnp.zeros(size, jnp.int32).at[bins].add(1, mode="drop")
 
 
-def _bisect_select(bits, mask, k, value_bits, itype):
-    """The k-th largest of bits[mask] by bisection: count(bits >= lo) >= k > count(bits >= hi)."""
-    bits = jnp.where(mask, bits, -1)
-
+def _bisect_select(bits, mask, k):
+    """The k-th largest of bits[mask] (unsigned, top bit clear) by bisection:
+    count(bits[mask] >= lo) >= k > count(bits[mask] >= hi); the mask is applied inside each count."""
     def body(_, lohi):
         lo, hi = lohi
         mid = lo + (hi - lo) // 2
-        ok = jnp.sum(bits >= mid) >= k
+        ok = count(mask & (bits >= mid)) >= k
         return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-    hi0 = jnp.max(bits).astype(itype) + 1
-    t, _ = lax.fori_loop(0, value_bits + 1, body, (jnp.zeros((), itype), hi0))
+    hi0 = jnp.max(jnp.where(mask, bits, 0)) + 1
+    t, _ = lax.fori_loop(0, 8 * bits.dtype.itemsize, body, (jnp.zeros((), bits.dtype), hi0))
     return t

@@ -146,6 +146,12 @@ def test_keep_largest_with_a_threshold_bucket_larger_than_its_room(method):
     # the tiebreak given as a function of indices (evaluated only where needed) selects the same
     as_function = jax.jit(lambda m, mk, t: T.keep_largest(m, mk, k, method=method, tiebreak=lambda i: t[i]))
     np.testing.assert_array_equal(np.asarray(as_function(jnp.asarray(mags), jnp.asarray(mask), jnp.asarray(tb))), want)
+    # and every entry's keys from tiebreak_all, which this cut consults (other keys there change the result)
+    with_all = jax.jit(lambda m, mk, t, every: T.keep_largest(m, mk, k, method=method, tiebreak=lambda i: t[i],
+                                                               tiebreak_all=lambda: every))
+    args = jnp.asarray(mags), jnp.asarray(mask), jnp.asarray(tb)
+    np.testing.assert_array_equal(np.asarray(with_all(*args, jnp.asarray(tb))), want)
+    assert not np.array_equal(np.asarray(with_all(*args, jnp.asarray(tb[::-1]))), want)
 
 
 @pytest.mark.parametrize("method", ["bucket", "bisect"])
