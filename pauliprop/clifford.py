@@ -138,7 +138,8 @@ def apply_map(x, z, image_x, image_z, phase, unroll: int = 1):
     one. The crossings between bytes enter as the parity of the image's Z bits so far against the
     byte's X image (the module docstring's pairwise term, which is linear in each factor). The
     program's size does not grow with the map or the number of qubits.
-    unroll: bytes an iteration (GPUs: 32, every byte of 128 qubits in one pass). 1 (CPUs): the loop
+    unroll: bytes an iteration (GPUs: 8 or 32, propagate.map_unroll: XLA:GPU keeps every unrolled
+    byte's looked-up rows at once). 1 (CPUs): the loop
     takes a byte an iteration, and a map that fixes every Z generator (a layer of CZ, S, RZZ(pi/2):
     diagonal Cliffords) stops after the X bytes: a Z byte then adds its own bits to the Z image
     and nothing to the X image or the phase. The kicked Ising's RZZ(-pi/2) layer at 2^17 words:
@@ -150,22 +151,25 @@ def apply_map(x, z, image_x, image_z, phase, unroll: int = 1):
     half = w * per_lane  # the X bytes come first
 
     def chunk(c, carry):
-        rx, rz, e = carry
+        rx, rz, e, cross = carry
         word = lax.dynamic_index_in_dim(inputs, c // per_lane, axis=-1, keepdims=False)
         b = ((word >> ((c % per_lane) * CHUNK).astype(jnp.uint32)) & jnp.uint32(0xFF)).astype(jnp.int32)
         ix, iz = tx[c][b], tz[c][b]
-        cross = _w.popcount(rz & ix).sum(-1) & 1
-        return rx ^ ix, rz ^ iz, e + te[c][b] + 2 * cross
+        # the crossings enter e as 2 * their count, so only its parity counts: the XOR of their bits,
+        # folded over the lanes; one popcount after the loop. (A count summed over the lanes each byte
+        # was a reduction a byte, whose output XLA:GPU kept per word for every unrolled byte.)
+        return rx ^ ix, rz ^ iz, e + te[c][b], cross ^ _w.xor_lanes(rz & ix)
 
     zero = jnp.zeros_like(x)
-    e0 = _w.popcount(x & z).sum(-1)
-    if unroll > 1:  # `unroll` bytes an iteration (GPUs: 32, a word of 128 qubits in one kernel), every byte
-        rx, rz, e = lax.fori_loop(0, 2 * half, chunk, (zero, zero, e0), unroll=min(unroll, 2 * half))
+    start = (zero, zero, _w.popcount(x & z).sum(-1, dtype=jnp.int32), jnp.zeros(x.shape[:-1], jnp.uint32))
+    if unroll > 1:  # `unroll` bytes an iteration (GPUs), every byte
+        rx, rz, e, cross = lax.fori_loop(0, 2 * half, chunk, start, unroll=min(unroll, 2 * half))
     else:  # a byte an iteration (the loop body compiles once), the Z bytes only where they move
         fixed = fixes_z(image_x, image_z, phase)
-        rx, rz, e = lax.fori_loop(0, jnp.where(fixed, half, 2 * half), chunk, (zero, zero, e0))
+        rx, rz, e, cross = lax.fori_loop(0, jnp.where(fixed, half, 2 * half), chunk, start)
         rz = jnp.where(fixed, rz ^ z, rz)
-    e = (e - _w.popcount(rx & rz).sum(-1)) & 3
+    # int32 counts (a plain sum widens to int64 under x64: 8 bytes a word where XLA keeps it)
+    e = (e + 2 * _w.popcount(cross) - _w.popcount(rx & rz).sum(-1, dtype=jnp.int32)) & 3
     return rx, rz, jnp.where(e == 0, 1, -1).astype(jnp.int32)
 
 

@@ -454,7 +454,7 @@ def _nth_set_bit(rows, j):
         low = _w.popcount(word & jnp.uint32((1 << width) - 1))
         up = rank >= low
         rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
-    return lane * _w.LANE_BITS + pos, jnp.sum(counts, axis=1) > j
+    return lane * _w.LANE_BITS + pos, jnp.sum(counts, axis=1, dtype=jnp.int32) > j
 
 
 def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -502,7 +502,8 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
                              + [partial(in_room, room=r) for r in cfg.rooms], b, gate, turning)
         return j + 1, b, need
 
-    passes = shared(jnp.max(jnp.sum(_w.popcount(anticommuting(buf)), axis=1)))
+    # int32 sums: a plain one widens to int64 under x64, which XLA:GPU kept per word (8 bytes a slot)
+    passes = shared(jnp.max(jnp.sum(_w.popcount(anticommuting(buf)), axis=1, dtype=jnp.int32)))
     _, out, need = lax.while_loop(lambda st: (st[0] < passes) & (st[2] == 0), step, (jnp.int32(0), buf, jnp.int32(0)))
     if not cfg.stop:
         return out, jnp.int32(0)

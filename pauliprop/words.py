@@ -8,9 +8,13 @@ are the GPU's native integer width.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .prefix import on_cpu
 
 LANE_BITS = 32
 LABEL_TO_BITS = {"I": (0, 0), "X": (1, 0), "Y": (1, 1), "Z": (0, 1)}
@@ -65,11 +69,21 @@ def weight(x, z):
     return popcount(x | z).sum(axis=-1, dtype=jnp.int32)
 
 
+def xor_lanes(a):
+    """The XOR of the lanes of packed words (..., W) -> (...,). GPUs: elementwise code, which XLA fuses
+    into what consumes it (a reduction over the lanes is a kernel of its own whose output XLA:GPU
+    keeps: the layer's (C, 128) anticommutation test took 512 bytes a slot on an H100). CPUs: the
+    reduction (XLA:CPU ran the elementwise XOR of 32 lanes 2x slower: 0.16 against 0.075 ms for
+    2^14 words of 1,024 qubits, one core; as fast for 4 lanes)."""
+    if on_cpu():
+        return jax.lax.reduce(a, jnp.zeros((), a.dtype), jax.lax.bitwise_xor, (a.ndim - 1,))
+    return functools.reduce(jnp.bitwise_xor, [a[..., lane] for lane in range(a.shape[-1])])
+
+
 def anticommutes(x, z, gx, gz):
     """True where word (x, z) anticommutes with the word (gx, gz) (broadcast over leading axes)."""
-    lanes = (x & gz) ^ (z & gx)  # the parity of all lanes' bits: fold the lanes first, one popcount
-    folded = jax.lax.reduce(lanes, jnp.zeros((), lanes.dtype), jax.lax.bitwise_xor, (lanes.ndim - 1,))
-    return (popcount(folded) & 1).astype(bool)
+    # the parity of all lanes' bits: fold the lanes first, one popcount
+    return (popcount(xor_lanes((x & gz) ^ (z & gx))) & 1).astype(bool)
 
 
 def product_sign(x, z, gx, gz):

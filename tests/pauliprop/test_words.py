@@ -7,6 +7,7 @@ from itertools import product
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,3 +123,12 @@ def test_fingerprints_are_functions_of_the_word():
 def test_unpack_bits_of_no_words():
     assert W.unpack_bits(np.zeros((0, 2), np.uint32), 40).shape == (0, 40)
     assert W.labels_of(np.zeros((0, 2), np.uint32), np.zeros((0, 2), np.uint32), 40) == []
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("lanes", [1, 4, 33])
+def test_xor_lanes_folds_the_lanes(monkeypatch, cpu, lanes):
+    """The XOR of a word's lanes, as the CPUs' reduction and as the GPUs' elementwise fold."""
+    monkeypatch.setattr(W, "on_cpu", lambda: cpu)
+    a = np.random.default_rng(lanes).integers(0, 2**32, (3, 5, lanes), dtype=np.uint32)
+    np.testing.assert_array_equal(np.asarray(W.xor_lanes(jnp.asarray(a))), np.bitwise_xor.reduce(a, axis=-1))
