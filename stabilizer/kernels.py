@@ -207,6 +207,7 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # the fan-outs XORed into its x words). Both replace XLA loops of many small kernels a step.
 
 PLAN_WARPS = 8
+APPLY_WARPS = 4
 APPLY_ROWS = 32  # rows an apply program owns
 APPLY_WORDS = 8  # words an apply program's passes load at a time (rows x words x 32 accumulators)
 
@@ -239,18 +240,14 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
             return (_pick(at_w, v, axis=1) >> bit.astype(jnp.uint32)) & one
 
         xp, zp = pivot_bits(x), pivot_bits(z)
-        # CX(pivot, k) for k in km on every row (tableau._fan_out_jax)
-        zk = z & km[None, :]
-        inclusive = zk
-        for shift in (1, 2, 4, 8, 16):
-            inclusive = inclusive ^ (inclusive << jnp.uint32(shift))
-        word_parity = (_popcount(zk) & 1).astype(jnp.uint32)
-        earlier = (jnp.cumsum(word_parity, axis=1, dtype=jnp.uint32) - word_parity) & one
-        before = (inclusive ^ zk) ^ (jnp.uint32(0) - earlier) ^ (jnp.uint32(0) - zp)[:, None]
-        flips = jnp.sum(_popcount(zk & ~(x ^ before)), axis=1, dtype=jnp.int32) & 1
-        zpar = jnp.sum(word_parity, axis=1, dtype=jnp.uint32) & one
+        # CX(pivot, k) for k in km on every row (tableau._fan_out_jax); a CNOT circuit maps X^x Z^z to
+        # X^x' Z^z' with no phase, so a row's sign flips when its Y count changes by 2 mod 4
+        ys_before = jnp.sum(_popcount(x & z), axis=1, dtype=jnp.int32)
+        zpar = (jnp.sum(_popcount(z & km[None, :]), axis=1, dtype=jnp.int32) & 1).astype(jnp.uint32)
         x = x ^ (km[None, :] & (jnp.uint32(0) - xp)[:, None])
-        signs = signs ^ (xp.astype(jnp.int32) & flips)
+        z = z ^ jnp.where(at_w, (zpar << bit.astype(jnp.uint32))[:, None], jnp.uint32(0))
+        ys_after = jnp.sum(_popcount(x & z), axis=1, dtype=jnp.int32)
+        signs = signs ^ (((ys_before - ys_after) & 3) == 2).astype(jnp.int32)
         bz = zp ^ zpar  # the pivot's z bit after the fan-out
         use_yz = _pick(at_j, bz) == 1
         # H (X^a Z^c -> (-1)^ac X^c Z^a) or H_YZ (-> (-1)^(a & ~c) X^(a^c) Z^c) on the pivot, if random
@@ -278,8 +275,8 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
     flags_ref[...] = flags
 
 
-@partial(jax.jit, static_argnames=("interpret",))
-def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
+@partial(jax.jit, static_argnames=("interpret", "num_warps"))
+def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False, num_warps: int = PLAN_WARPS):
     """The rule of tableau._plan_block in one program: the measured rows xs, zs (b, W) collapsed in
     order (active (b,), the outcome each random one takes guesses (b,), signs (b,), all int32 0/1).
     Returns (pivot (b,) int32, kmask (b, W) uint32, flags (b,) int32: bit 0 random, 1 use_yz,
@@ -292,33 +289,32 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
         grid=(1,),
         out_shape=(jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b, wp), jnp.uint32),
                    jax.ShapeDtypeStruct((b,), jnp.int32)),
-        compiler_params=plgpu.CompilerParams(num_warps=PLAN_WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
     )(pad(xs), pad(zs), signs, active, guesses)
     return pivot, kmask[:, :w], flags
 
 
-def _apply_kernel(steps_ref, kp_ref, kext_ref, pmask_ref, xs_in, zs_ref, xs_ref, xo_ref, zo_ref, xn_ref, zn_ref,
-                  phase_ref, ys_ref, *, b, nb, bw):
-    """Loops over the b steps, not unrolled: Triton compiled the unrolled kernel in 85-90 s."""
+def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_ref, xs_ref, xo_ref, zo_ref, xn_ref,
+                  zn_ref, phase_ref, ys_ref, *, b, nb, bw):
     del xs_in  # aliased with xs_ref
     r0 = pl.program_id(0) * APPLY_ROWS
     block = pl.ds(r0, APPLY_ROWS)
     rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
     one = jnp.uint32(1)
+    slots = jnp.arange(b, dtype=jnp.uint32)
+
+    # each row's bits at the (distinct) pivot columns, as slot bits: one (rows, b) gather
+    word, shift, first = steps_ref[0], steps_ref[1].astype(jnp.uint32), steps_ref[2].astype(jnp.uint32)
+
+    def pivot_bits(ref):
+        bits = ((ref[rows[:, None], word[None, :]] >> shift[None, :]) & one) * first[None, :]
+        return jnp.sum(bits << slots[None, :], axis=1, dtype=jnp.uint32)
+
+    xo, zo = pivot_bits(xs_ref), pivot_bits(zs_ref)
 
     def words_at(k):
         return pl.ds(k * bw, bw)
-
-    def pivot_bits(j, carry):  # each row's bits at the (distinct) pivot columns, as slot bits
-        xo, zo = carry
-        wj = jnp.full((APPLY_ROWS,), steps_ref[0, j], jnp.int32)
-        sj, fj = steps_ref[1, j].astype(jnp.uint32), steps_ref[2, j].astype(jnp.uint32)
-        at = lambda ref: (((ref[rows, wj] >> sj) & one) * fj) << j.astype(jnp.uint32)
-        return xo | at(xs_ref), zo | at(zs_ref)
-
-    zero_words = jnp.zeros(APPLY_ROWS, jnp.uint32)
-    xo, zo = lax.fori_loop(0, b, pivot_bits, (zero_words, zero_words))
 
     # the parity of each row's z under each fan-out's columns off the pivots (bit j of zk): XORs of
     # words first, one popcount a row and fan-out at the end
@@ -328,11 +324,15 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, pmask_ref, xs_in, zs_ref, xs_ref,
 
     acc = lax.fori_loop(0, nb, parities, jnp.zeros((b, APPLY_ROWS, bw), jnp.uint32))
     parity = (jnp.sum(_popcount(acc), axis=2, dtype=jnp.int32) & 1).astype(jnp.uint32)  # (b, rows)
-    zk = jnp.sum(parity << jnp.arange(b, dtype=jnp.uint32)[:, None], axis=0, dtype=jnp.uint32)
+    zk = jnp.sum(parity << slots[:, None], axis=0, dtype=jnp.uint32)
 
-    def step(j, carry):  # one collapse on the pivot words (tableau._apply_block's step)
+    slot, flags, kp = steps_ref[3].astype(jnp.uint32), steps_ref[4], kp_ref[...]
+
+    def step(j, carry):  # one collapse on the pivot words (tableau._apply_block's step); a loop, not
+        # unrolled: unrolled with scalar loads it ran 2x slower on an H100 and compiled in 8 s, not 0.6 s
         x, z, controls, phase = carry
-        s, f, kpj = steps_ref[3, j].astype(jnp.uint32), steps_ref[4, j], kp_ref[j]
+        at_j = slots == j.astype(jnp.uint32)
+        s, f, kpj = _pick(at_j, slot), _pick(at_j, flags), _pick(at_j, kp)
         on, use_yz, fix = (f & 1) == 1, (f & 2) == 2, (f & 4) == 4
         c = jnp.where(on, (x >> s) & one, jnp.uint32(0))
         controls = controls | (c << j.astype(jnp.uint32))
@@ -349,18 +349,20 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, pmask_ref, xs_in, zs_ref, xs_ref,
         z = jnp.where(on, (z & keep) | (nz << s), z)
         return x, z, controls, phase + jnp.where(on, d, 0)
 
+    zero_words = jnp.zeros(APPLY_ROWS, jnp.uint32)
     x, z, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero_words, jnp.zeros(APPLY_ROWS, jnp.int32)))
 
-    # off the pivots: x takes the fan-outs its controls select; count Ys before and after
+    # off the pivots: x takes the XOR of the fan-outs its controls select, 8 controls a table lookup
+    # (tables_ref row 256 g + v: the XOR of fan-outs 8g + i for the set bits i of v); count Ys
+    groups = [(256 * g + ((controls >> jnp.uint32(8 * g)) & 255).astype(jnp.int32))[:, None] for g in range(b // 8)]
+
     def rewrite(k, ys):
         cols = words_at(k)
+        at = k * bw + jnp.arange(bw, dtype=jnp.int32)[None, :]
         xw, zw = xs_ref[block, cols], zs_ref[block, cols]
-
-        def fan_out(j, new):
-            ctrl = lane_mask(((controls >> j.astype(jnp.uint32)) & one).astype(jnp.int32))
-            return new ^ (kext_ref[j, cols][None, :] & ctrl[:, None])
-
-        new = lax.fori_loop(0, b, fan_out, xw)
+        new = xw
+        for g in groups:
+            new = new ^ tables_ref[g, at]
         xs_ref[block, cols] = new
         off = ~pmask_ref[cols][None, :]
         return ys + jnp.sum(_popcount(xw & zw) - _popcount(new & zw & off), axis=1, dtype=jnp.int32)
@@ -369,13 +371,14 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, pmask_ref, xs_in, zs_ref, xs_ref,
     xo_ref[block], zo_ref[block], xn_ref[block], zn_ref[block], phase_ref[block] = xo, zo, x, z, phase
 
 
-@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0,))
-def apply_rows(xs, zs, steps, kp, kext, pmask, interpret: bool = False):
+@partial(jax.jit, static_argnames=("interpret", "num_warps"), donate_argnums=(0,))
+def apply_rows(xs, zs, steps, kp, kext, tables, pmask, interpret: bool = False, num_warps: int = APPLY_WARPS):
     """The word-parallel part of tableau._apply_block, xs updated in place: each row's bits at the
     pivots, its fan-out parities, the b collapses on those words, and the fan-outs (kext (b, W), off
     the pivot columns pmask (W,)) XORed into its x words by its controls. steps (5, b) int32: pivot
     word, shift, first (the distinct pivots), slot, flags (bit 0 random, 1 use_yz, 2 fix); kp (b,)
-    uint32 each fan-out's pivot columns as slot bits. Returns (xs, then (R,) arrays: the pivot bits of
+    uint32 each fan-out's pivot columns as slot bits; tables (b / 8 * 256, W): row 256 g + v the XOR of
+    the fan-outs 8 g + i for the set bits i of v (M4RI's lookup). Returns (xs, then (R,) arrays: the pivot bits of
     x and z before and after (uint32 slot bits), the phase, and the Y count before minus the Y count
     after off the pivots (int32)). The pivot columns of xs and zs are left to the caller."""
     r, w = xs.shape
@@ -387,7 +390,7 @@ def apply_rows(xs, zs, steps, kp, kext, pmask, interpret: bool = False):
         partial(_apply_kernel, b=b, nb=w // bw, bw=bw),
         grid=(r // APPLY_ROWS,),
         out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype),) + (row_words,) * 4 + (row_ints,) * 2,
-        input_output_aliases={4: 0},
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        input_output_aliases={5: 0},
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
-    )(steps, kp, kext, pmask, xs, zs)
+    )(steps, kp, kext, tables, pmask, xs, zs)

@@ -354,7 +354,8 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
     if mode != "jax":
         flags = random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
         steps = jnp.stack([word, shift.astype(jnp.int32), first.astype(jnp.int32), slot.astype(jnp.int32), flags])
-        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, pmask,
+        tables = jnp.concatenate([_xor_table(kext[g:g + 8]) for g in range(0, b, 8)])
+        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, tables, pmask,
                                                            interpret=mode == "interpret")
 
         def at_pivots(words, new, old):  # set the pivot bits: adding new - old at distinct bits is exact
