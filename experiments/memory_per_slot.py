@@ -106,6 +106,8 @@ def main(argv=None):
                     help="with --breakdown: save XLA's text dumps of each program there (a .tar.gz each)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.breakdown:  # a program from the persistent compilation cache is not compiled, so XLA dumps nothing
+        jax.config.update("jax_enable_compilation_cache", False)
     rows = []
     for layers in (False, True) if args.truncation == "ppjl" else (False,):
         for log2 in map(int, args.capacities.split(",")):
