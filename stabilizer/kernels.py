@@ -223,6 +223,7 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
     row = jnp.arange(b, dtype=jnp.int32)
     col = jnp.arange(w, dtype=jnp.int32)
     one = jnp.uint32(1)
+    packed_counts = 32 * w < 1 << 15  # two counts of a row's bits fit one int32
 
     def collapse(j, carry):
         x, z, signs, pivots, flags = carry
@@ -236,18 +237,25 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
         km = jnp.where(random, xj ^ jnp.where(col == w0, low, jnp.uint32(0)), jnp.uint32(0))
         at_w = (col == w0)[None, :]
 
-        def pivot_bits(v):  # (b,) each row's bit at the pivot
-            return (_pick(at_w, v, axis=1) >> bit.astype(jnp.uint32)) & one
-
-        xp, zp = pivot_bits(x), pivot_bits(z)
-        # CX(pivot, k) for k in km on every row (tableau._fan_out_jax); a CNOT circuit maps X^x Z^z to
-        # X^x' Z^z' with no phase, so a row's sign flips when its Y count changes by 2 mod 4
-        ys_before = jnp.sum(_popcount(x & z), axis=1, dtype=jnp.int32)
-        zpar = (jnp.sum(_popcount(z & km[None, :]), axis=1, dtype=jnp.int32) & 1).astype(jnp.uint32)
+        # each row's x and z bits at the pivot, in one reduction
+        at_pivot = _pick(at_w, ((x >> bit.astype(jnp.uint32)) & one) | (((z >> bit.astype(jnp.uint32)) & one) << 1),
+                         axis=1)
+        xp, zp = at_pivot & one, at_pivot >> 1
+        # CX(pivot, k) for k in km on every row (tableau._fan_out_jax). A CNOT circuit maps X^x Z^z to
+        # X^x' Z^z' with no phase, so a row's sign flips when its Y count changes by 2 mod 4; a row with
+        # an x at the pivot gains a Y where it has z and not x under km, loses one where it has both,
+        # and its pivot's Y follows z: counts a and b of those two, packed in one reduction
+        kz = z & km[None, :]
+        if packed_counts:
+            ab = jnp.sum(_popcount(kz & ~x) + (_popcount(kz & x) << 16), axis=1, dtype=jnp.int32)
+            a, b_ = ab & 0xFFFF, ab >> 16
+        else:
+            a = jnp.sum(_popcount(kz & ~x), axis=1, dtype=jnp.int32)
+            b_ = jnp.sum(_popcount(kz & x), axis=1, dtype=jnp.int32)
+        zpar = ((a + b_) & 1).astype(jnp.uint32)
+        gained = a - b_ + (zp ^ zpar).astype(jnp.int32) - zp.astype(jnp.int32)
+        signs = signs ^ jnp.where(xp == 1, ((gained & 3) == 2).astype(jnp.int32), 0)
         x = x ^ (km[None, :] & (jnp.uint32(0) - xp)[:, None])
-        z = z ^ jnp.where(at_w, (zpar << bit.astype(jnp.uint32))[:, None], jnp.uint32(0))
-        ys_after = jnp.sum(_popcount(x & z), axis=1, dtype=jnp.int32)
-        signs = signs ^ (((ys_before - ys_after) & 3) == 2).astype(jnp.int32)
         bz = zp ^ zpar  # the pivot's z bit after the fan-out
         use_yz = _pick(at_j, bz) == 1
         # H (X^a Z^c -> (-1)^ac X^c Z^a) or H_YZ (-> (-1)^(a & ~c) X^(a^c) Z^c) on the pivot, if random
