@@ -303,6 +303,30 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False, num_warps
     return pivot, kmask[:, :w], flags
 
 
+def replay_collapse(x, z, controls, phase, j, zk_bit, s, on, use_yz, fix, kp):
+    """Collapse j of a planned block on each row's pivot words (tableau._apply_block's step, here and
+    in apply_rows): x, z (rows,) the rows' bits at the block's pivot columns as slot bits; zk_bit each
+    row's z parity under fan-out j off the pivots; s the slot of its pivot, kp its pivot columns as
+    slot bits; on (random), use_yz, fix its plan. Returns (x, z, controls, phase): controls gains bit
+    j where the row held an x at the pivot, phase the i exponents of the pivot's H or H_YZ and X."""
+    one = jnp.uint32(1)
+    c = jnp.where(on, (x >> s) & one, jnp.uint32(0))  # x at the pivot: the fan-out's control
+    controls = controls | (c << j)
+    x = x ^ ((jnp.uint32(0) - c) & kp)
+    zpar = zk_bit ^ (_popcount(z & kp).astype(jnp.uint32) & one)
+    z = z ^ (jnp.where(on, zpar, jnp.uint32(0)) << s)
+    bz = (z >> s) & one
+    # H: X^a Z^b -> (-1)^ab X^b Z^a; H_YZ: -> (-1)^a i^b X^(a^b) Z^b; X after: (-1)^z
+    nx = jnp.where(use_yz, c ^ bz, bz)
+    nz = jnp.where(use_yz, bz, c)
+    d = jnp.where(use_yz, 2 * c + bz, 2 * c * bz).astype(jnp.int32)
+    d = d + 2 * (fix & (nz == 1)).astype(jnp.int32)
+    keep = ~(one << s)
+    x = jnp.where(on, (x & keep) | (nx << s), x)
+    z = jnp.where(on, (z & keep) | (nz << s), z)
+    return x, z, controls, phase + jnp.where(on, d, 0)
+
+
 def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_ref, xs_ref, xo_ref, zo_ref, xn_ref,
                   zn_ref, phase_ref, ys_ref, *, b, nb, bw):
     del xs_in  # aliased with xs_ref
@@ -336,26 +360,12 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_
 
     slot, flags, kp = steps_ref[3].astype(jnp.uint32), steps_ref[4], kp_ref[...]
 
-    def step(j, carry):  # one collapse on the pivot words (tableau._apply_block's step); a loop, not
-        # unrolled: unrolled with scalar loads it ran 2x slower on an H100 and compiled in 8 s, not 0.6 s
-        x, z, controls, phase = carry
+    def step(j, carry):  # a loop, not unrolled: unrolled with scalar loads it ran 2x slower on an H100
+        # and compiled in 8 s, not 0.6 s
         at_j = slots == j.astype(jnp.uint32)
-        s, f, kpj = _pick(at_j, slot), _pick(at_j, flags), _pick(at_j, kp)
-        on, use_yz, fix = (f & 1) == 1, (f & 2) == 2, (f & 4) == 4
-        c = jnp.where(on, (x >> s) & one, jnp.uint32(0))
-        controls = controls | (c << j.astype(jnp.uint32))
-        x = x ^ ((jnp.uint32(0) - c) & kpj)
-        zpar = ((zk >> j.astype(jnp.uint32)) & one) ^ (_popcount(z & kpj).astype(jnp.uint32) & one)
-        z = z ^ (jnp.where(on, zpar, jnp.uint32(0)) << s)
-        bz = (z >> s) & one
-        nx = jnp.where(use_yz, c ^ bz, bz)
-        nz = jnp.where(use_yz, bz, c)
-        d = jnp.where(use_yz, 2 * c + bz, 2 * c * bz).astype(jnp.int32)
-        d = d + 2 * (fix & (nz == 1)).astype(jnp.int32)
-        keep = ~(one << s)
-        x = jnp.where(on, (x & keep) | (nx << s), x)
-        z = jnp.where(on, (z & keep) | (nz << s), z)
-        return x, z, controls, phase + jnp.where(on, d, 0)
+        f = _pick(at_j, flags)
+        return replay_collapse(*carry, j.astype(jnp.uint32), (zk >> j.astype(jnp.uint32)) & one, _pick(at_j, slot),
+                               (f & 1) == 1, (f & 2) == 2, (f & 4) == 4, _pick(at_j, kp))
 
     zero_words = jnp.zeros(APPLY_ROWS, jnp.uint32)
     x, z, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero_words, jnp.zeros(APPLY_ROWS, jnp.int32)))

@@ -378,23 +378,9 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
     one = jnp.uint32(1)
 
     def step(j, carry):
-        x, z, controls, phase = carry
-        s, on = slot[j], random[j]
-        c = jnp.where(on, (x >> s) & one, 0)  # x at the pivot: the fan-out's control
-        controls = controls | (c << j.astype(jnp.uint32))
-        x = x ^ ((jnp.uint32(0) - c) & kp[j])
-        zpar = ((zk >> j.astype(jnp.uint32)) & one) ^ (lax.population_count(z & kp[j]) & one)
-        z = z ^ (jnp.where(on, zpar, 0) << s)
-        bz = (z >> s) & one
-        # H: X^a Z^b -> (-1)^ab X^b Z^a; H_YZ: -> (-1)^a i^b X^(a^b) Z^b; X after: (-1)^z
-        nx = jnp.where(plan.use_yz[j], c ^ bz, bz)
-        nz = jnp.where(plan.use_yz[j], bz, c)
-        d = jnp.where(plan.use_yz[j], 2 * c + bz, 2 * c * bz).astype(jnp.int32)
-        d = d + 2 * (plan.fix[j] & (nz == 1)).astype(jnp.int32)
-        keep = ~(one << s)
-        x = jnp.where(on, (x & keep) | (nx << s), x)
-        z = jnp.where(on, (z & keep) | (nz << s), z)
-        return x, z, controls, phase + jnp.where(on, d, 0)
+        j = j.astype(jnp.uint32)
+        return kernels.replay_collapse(*carry, j, (zk >> j) & one, slot[j], random[j], plan.use_yz[j], plan.fix[j],
+                                       kp[j])
 
     zero = jnp.zeros(t.xs.shape[0], jnp.uint32)
     x, z, controls, phase = lax.fori_loop(0, b, step, (x, z, zero, jnp.zeros(t.xs.shape[0], jnp.int32)))
