@@ -207,6 +207,7 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # the fan-outs XORed into its x words). Both replace XLA loops of many small kernels a step.
 
 PLAN_WARPS = 8
+PACKED_COUNTS_BITS = 1 << 15  # rows of fewer bits: the plan packs two counts of a row's bits in one int32
 APPLY_WARPS = 4
 APPLY_ROWS = 32  # rows an apply program owns
 APPLY_WORDS = 8  # words an apply program's passes load at a time (rows x words x 32 accumulators)
@@ -218,12 +219,12 @@ def _pick(mask, values, axis=None):
     return jnp.sum(jnp.where(mask, values, jnp.zeros_like(values)), axis=axis, dtype=values.dtype)
 
 
-def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref):
+def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *,
+                 packed_counts):
     b, w = xs_ref.shape
     row = jnp.arange(b, dtype=jnp.int32)
     col = jnp.arange(w, dtype=jnp.int32)
     one = jnp.uint32(1)
-    packed_counts = 32 * w < 1 << 15  # two counts of a row's bits fit one int32
 
     def collapse(j, carry):
         x, z, signs, pivots, flags = carry
@@ -293,7 +294,7 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False, num_warps
     wp = 1 << max(0, (w - 1).bit_length())
     pad = lambda a: jnp.pad(a, ((0, 0), (0, wp - w)))
     pivot, kmask, flags = pl.pallas_call(
-        _plan_kernel,
+        partial(_plan_kernel, packed_counts=32 * wp < PACKED_COUNTS_BITS),
         grid=(1,),
         out_shape=(jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b, wp), jnp.uint32),
                    jax.ShapeDtypeStruct((b,), jnp.int32)),

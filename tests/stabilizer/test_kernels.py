@@ -176,6 +176,22 @@ def test_plan_and_apply_kernels_equal_the_pure_rules(n, seed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
+    """Rows too wide to pack two bit counts in one int32 take two sums: forced here on narrow rows (the
+    kernel traced afresh, outside jit), the plan still equals the pure rule."""
+    t, rows, active, guesses = _measured_rows(130, 5)
+    monkeypatch.setattr(K, "PACKED_COUNTS_BITS", 0)
+    as_int = lambda v: v.astype(jnp.int32)
+    pivot, kmask, flags = K.plan_rows.__wrapped__(rows.xs, rows.zs, as_int(rows.signs), as_int(active),
+                                                  as_int(guesses), interpret=KERNEL == "interpret")
+    want = T._plan_block(rows, active, guesses, "jax")
+    np.testing.assert_array_equal(np.asarray(pivot), np.asarray(want.pivot))
+    np.testing.assert_array_equal(np.asarray(kmask), np.asarray(want.kmask))
+    got = np.asarray(flags)
+    for bit, name in ((0, "random"), (2, "fix"), (3, "outcome")):
+        np.testing.assert_array_equal((got >> bit) & 1 == 1, np.asarray(getattr(want, name)))
+
+
 def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
     """All qubits of a random 70-qubit state measured in blocks by the kernels: the outcomes and the
     tableau of `measure_z` one qubit at a time with the same random choices."""
