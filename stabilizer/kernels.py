@@ -206,7 +206,7 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # each row's bits at the pivots and its fan-out parities, the collapses replayed on those words, then
 # the fan-outs XORed into its x words). Both replace XLA loops of many small kernels a step.
 
-PLAN_WARPS = 8
+PLAN_WARPS = 8  # 4 ran as fast on an H100, 1 and 2 slower
 PACKED_COUNTS_BITS = 1 << 15  # rows of fewer bits: the plan packs two counts of a row's bits in one int32
 APPLY_WARPS = 4
 APPLY_ROWS = 32  # rows an apply program owns
@@ -284,8 +284,8 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
     flags_ref[...] = flags
 
 
-@partial(jax.jit, static_argnames=("interpret", "num_warps"))
-def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False, num_warps: int = PLAN_WARPS):
+@partial(jax.jit, static_argnames=("interpret",))
+def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
     """The rule of tableau._plan_block in one program: the measured rows xs, zs (b, W) collapsed in
     order (active (b,), the outcome each random one takes guesses (b,), signs (b,), all int32 0/1).
     Returns (pivot (b,) int32, kmask (b, W) uint32, flags (b,) int32: bit 0 random, 1 use_yz,
@@ -298,7 +298,7 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False, num_warps
         grid=(1,),
         out_shape=(jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b, wp), jnp.uint32),
                    jax.ShapeDtypeStruct((b,), jnp.int32)),
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=PLAN_WARPS, num_stages=1),
         interpret=interpret,
     )(pad(xs), pad(zs), signs, active, guesses)
     return pivot, kmask[:, :w], flags
@@ -390,8 +390,8 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_
     xo_ref[block], zo_ref[block], xn_ref[block], zn_ref[block], phase_ref[block] = xo, zo, x, z, phase
 
 
-@partial(jax.jit, static_argnames=("interpret", "num_warps"), donate_argnums=(0,))
-def apply_rows(xs, zs, steps, kp, kext, tables, pmask, interpret: bool = False, num_warps: int = APPLY_WARPS):
+@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0,))
+def apply_rows(xs, zs, steps, kp, kext, tables, pmask, interpret: bool = False):
     """The word-parallel part of tableau._apply_block, xs updated in place: each row's bits at the
     pivots, its fan-out parities, the b collapses on those words, and the fan-outs (kext (b, W), off
     the pivot columns pmask (W,)) XORed into its x words by its controls. steps (5, b) int32: pivot
@@ -410,6 +410,6 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, interpret: bool = False, 
         grid=(r // APPLY_ROWS,),
         out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype),) + (row_words,) * 4 + (row_ints,) * 2,
         input_output_aliases={5: 0},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=APPLY_WARPS, num_stages=1),
         interpret=interpret,
     )(steps, kp, kext, tables, pmask, xs, zs)

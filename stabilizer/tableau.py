@@ -350,23 +350,24 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
     pmask = jnp.zeros(t.xs.shape[1], jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
     kext = plan.kmask & ~pmask
     kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
+    tables = [_xor_table(kext[g:g + 8]) for g in range(0, b, 8)]  # XORs of the fan-outs, 8 controls a table
+
+    def set_pivots(words, new, old):  # pivot bits from `old` to `new` (slot bits (R,)): adding the
+        # difference at distinct bits is exact, and a recurring pivot column is one slot
+        bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
+        return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
+
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode != "jax":
         flags = random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
         steps = jnp.stack([word, shift.astype(jnp.int32), first.astype(jnp.int32), slot.astype(jnp.int32), flags])
-        tables = jnp.concatenate([_xor_table(kext[g:g + 8]) for g in range(0, b, 8)])
-        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, tables, pmask,
-                                                           interpret=mode == "interpret")
-
-        def at_pivots(words, new, old):  # set the pivot bits: adding new - old at distinct bits is exact
-            bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
-            return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
-
-        xs, zs = at_pivots(xs, xn, xo), at_pivots(t.zs, zn, zo)
+        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, jnp.concatenate(tables),
+                                                           pmask, interpret=mode == "interpret")
+        xs, zs = set_pivots(xs, xn, xo), set_pivots(t.zs, zn, zo)
         flip = ((ys - lax.population_count(xn & zn).astype(jnp.int32) + phase) % 4) == 2
         return Tableau(xs, zs, t.signs ^ flip)
-    x = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
-    z = pack(_columns(t.zs, p) * first)
+    xo = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
+    zo = pack(_columns(t.zs, p) * first)
 
     def parity(j, zk):  # bit j: parity of the row's z under kext[j] (a loop: 5x faster than one
         # (R, b, W) reduction on the 2-core CPU at 16,384 x 256 words, 0.06 s against 0.29 s a block)
@@ -383,16 +384,11 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
                                        kp[j])
 
     zero = jnp.zeros(t.xs.shape[0], jnp.uint32)
-    x, z, controls, phase = lax.fori_loop(0, b, step, (x, z, zero, jnp.zeros(t.xs.shape[0], jnp.int32)))
-    xs = t.xs & ~pmask
-    for g in range(0, b, 8):  # off the pivots: XOR of the fan-out masks the row's controls select
-        xs = xs ^ _xor_table(kext[g:g + 8])[(controls >> g) & 255]
-
-    def scatter(v):  # slot bits (R,) -> their pivot columns (R, W)
-        return jnp.zeros_like(t.xs).at[:, word].add(((v[:, None] >> slots.astype(jnp.uint32)) & 1) * pivot_bits)
-
-    xs = xs ^ scatter(x)
-    zs = (t.zs & ~pmask) ^ scatter(z)
+    xn, zn, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero, jnp.zeros(t.xs.shape[0], jnp.int32)))
+    xs = t.xs  # off the pivots: XOR of the fan-out masks the row's controls select (kext has no pivot bits)
+    for g, table in enumerate(tables):
+        xs = xs ^ table[(controls >> (8 * g)) & 255]
+    xs, zs = set_pivots(xs, xn, xo), set_pivots(t.zs, zn, zo)
     flip = ((ys_before - _popcount(xs & zs) + phase) % 4) == 2
     return Tableau(xs, zs, t.signs ^ flip)
 
