@@ -117,3 +117,35 @@ def save_figure(fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def device_kernels(run, top: int = 25) -> dict:
+    """Run `run()` once under JAX's profiler and sum the device's kernels by name: the span (host wall
+    time), the device's busy time, the kernel count, the device-to-host copies (each a wait for the
+    host) and the `top` kernels as (name, ms, count)."""
+    import collections
+    import glob
+    import gzip
+    import tempfile
+    import time
+
+    import jax
+
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d, create_perfetto_trace=True)
+        t0 = time.perf_counter()
+        run()
+        span = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        trace = json.load(gzip.open(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = [e for e in events if e.get("ph") == "X" and "GPU" in names.get(e.get("pid"), "")]
+    by_name, count = collections.Counter(), collections.Counter()
+    for e in device:
+        by_name[e["name"][:60]] += e["dur"]
+        count[e["name"][:60]] += 1
+    copies = sum(c for name, c in count.items() if "memcpy" in name.lower() and ("dtoh" in name.lower() or "d2h" in name.lower()))
+    return {"profiled_span_s": span, "device_events": len(device), "device_busy_s": sum(e["dur"] for e in device) * 1e-6,
+            "device_to_host_copies": copies,
+            "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(top)]}

@@ -23,6 +23,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchtools import device_kernels  # noqa: E402
+
 
 def surface(d: int) -> str:
     import stim
@@ -93,11 +96,6 @@ def compile_only(words: int) -> dict:
 
 
 def profile(distance: int, shots: int) -> dict:
-    import collections
-    import glob
-    import gzip
-    import tempfile
-
     import jax
     import numpy as np
 
@@ -118,29 +116,10 @@ def profile(distance: int, shots: int) -> dict:
                                      prog.num_measurements, words, limits=s._limits).block_until_ready()
     run()
     best = min(_timed(run) for _ in range(3))
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d, create_perfetto_trace=True)
-        t0 = time.perf_counter()
-        run()
-        span = time.perf_counter() - t0
-        jax.profiler.stop_trace()
-        trace = json.load(gzip.open(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    device = [e for e in events if e.get("ph") == "X" and "GPU" in names.get(e.get("pid"), "")]
-    by_name = collections.Counter()
-    count = collections.Counter()
-    for e in device:
-        by_name[e["name"][:60]] += e["dur"]
-        count[e["name"][:60]] += 1
-    copies = sum(c for name, c in count.items() if "memcpy" in name.lower() and ("dtoh" in name.lower() or "d2h" in name.lower()))
-    busy = sum(e["dur"] for e in device) * 1e-6
+    kernels = device_kernels(run)
     total_ops = ops(s._structure, s._tables)
-    return {"distance": distance, "shots": shots, "words": words, "ops_run": total_ops, "warm_s": best,
-            "profiled_span_s": span, "device_events": len(device), "device_busy_s": busy,
-            "device_to_host_copies": copies, "us_per_op": 1e6 * best / total_ops,
-            "kernels_per_op": len(device) / total_ops,
-            "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(25)]}
+    return {"distance": distance, "shots": shots, "words": words, "ops_run": total_ops, "warm_s": best, **kernels,
+            "us_per_op": 1e6 * best / total_ops, "kernels_per_op": kernels["device_events"] / total_ops}
 
 
 def _timed(fn) -> float:

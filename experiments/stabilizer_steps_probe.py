@@ -3,7 +3,8 @@
     python experiments/stabilizer_steps_probe.py packed    # d = 5, 1e6 shots (SHOTS=...): the chunk program, the
                                                      # page-locked copy, np.asarray, the copy into the output
     python experiments/stabilizer_steps_probe.py measure   # 10,000 qubits (NQ=...): gates, measure-all, a block's
-                                                     # plan and apply (KMODE=pallas|jax), QuaSARQ beside
+                                                     # plan and apply (KMODE=pallas|jax), QuaSARQ beside;
+                                                     # PROFILE=1: the device's kernels of measure-all and gates
 
 Writes probe_<mode>.json under $OUT (default /tmp). Run from the repository root."""
 import json, os, sys, time
@@ -110,6 +111,12 @@ if "measure" in sys.argv:
         tt = jax.block_until_ready(cp()); t0 = time.perf_counter()
         jax.block_until_ready(T.measure_many_z(tt, qubits, active, guesses)); return time.perf_counter() - t0
     res["measure_many"] = sorted(meas() for _ in range(4))
+    if os.environ.get("PROFILE"):  # the device's kernels by name, one call each
+        from benchtools import device_kernels
+        tt = jax.block_until_ready(cp())
+        res["measure_many_kernels"] = device_kernels(
+            lambda: jax.block_until_ready(T.measure_many_z(tt, qubits, active, guesses)), top=40)
+        res["gates_kernels"] = device_kernels(lambda: run(gates), top=20)
     rows = n + jnp.arange(32)
     sub = T.Tableau(t.xs[rows], t.zs[rows], t.signs[rows])
     planf = jax.jit(T._plan_block, static_argnums=(3,))

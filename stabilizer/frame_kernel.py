@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .kernels import lane_mask
-from .program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, pair_codes
+from .program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
 TILE = 32  # slots a tile
@@ -90,7 +90,7 @@ def tables_for_kernel(table) -> dict:
     i32 = lambda a: a.astype(jnp.int32)
     return {
         "kind": kind, "nslots": i32(jnp.sum(table["active"], axis=1)), "q": i32(table["q"]),
-        "fwd": i32(table["fwd"][:, jnp.array([1, 2, 4, 8])]), "rec": i32(table["rec"]),
+        "fwd": i32(jnp.asarray(gate_catalogue()[1])[i32(table["gate"][:, 0])][:, jnp.array([1, 2, 4, 8])]), "rec": i32(table["rec"]),
         "flags": i32(table["reset"]) | i32(table["px"]) << 1 | i32(table["pz"]) << 2 | i32(table["active"]) << 3,
         "advance": i32(table["advance"]), "is_else": i32(table["is_else"]), "last": i32(last),
         "total": total, "log1mp": jnp.log1p(-jnp.minimum(total, 1.0)), "cum": jnp.cumsum(probs, axis=1),

@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from . import frame_kernel, kernels
-from .program import CORRELATED, GATE, MEASURE, MPAD, NOISE, pair_codes, run_segments
+from .program import CORRELATED, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
 
 
 class Frames(NamedTuple):
@@ -277,10 +277,11 @@ def _record_rows(r: _Reads, row) -> jax.Array:
 
 
 def _op_gate(r: _Reads, row, key) -> _Writes:
+    forward = jnp.asarray(gate_catalogue()[1])[row["gate"][0].astype(jnp.int32)]  # one gate an op (not merged)
     bits = [r.xa, r.za, r.xb, r.zb]
     outs = [jnp.zeros_like(bits[0]) for _ in range(4)]
     for i in range(4):  # up to sign a Clifford is linear on the frame's bits: XOR the generators' images
-        image = row["fwd"][1 << i]
+        image = forward[1 << i]
         for b in range(4):
             outs[b] = outs[b] ^ jnp.where((image >> b) & 1, bits[i], jnp.uint32(0))
     return _unchanged(r)._replace(xa=outs[0], za=outs[1], xb=outs[2], zb=outs[3])

@@ -2,8 +2,11 @@
 
 Every instruction becomes windows of up to K slots on disjoint qubits, of six kinds:
 
-  GATE        a two-qubit Clifford on (q0, q1) per slot (single-qubit gates act on (q, spare));
-              both actions are stored: forward (for frames) and Heisenberg with signs (for the tableau)
+  GATE        a two-qubit Clifford on (q0, q1) per slot (single-qubit gates act on (q, spare)), named
+              per slot by its number in `gate_catalogue` (forward action for frames, Heisenberg
+              action with signs for the tableau); an op is one instruction's run of disjoint gates,
+              or, lowered with merge_gates (the tableau's programs), every gate on disjoint qubits
+              between two other ops: a layer of mixed gates is one op
   MEASURE     Z measurements (record offset, inversion, reset after); other bases and Pauli products
               are rotated to Z by GATE windows around them, so frames and tableau share one rule
   NOISE       one of 15 two-qubit Pauli events per slot (one-qubit channels use XI, YI, ZI)
@@ -132,7 +135,23 @@ def gate_tables(stim_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return fwd, inv, sign
 
 
-_IDENTITY = gate_tables("I")
+@cache
+def gate_catalogue() -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+    """Every unitary gate of the instruction table numbered (identity first: a zero-filled slot does
+    nothing): (number by shared-table name, forward images, Heisenberg images, Heisenberg signs), the
+    arrays (gates, 16) as `gate_tables` gives them. Op tables name a slot's gate by its number."""
+    first: dict[str, str] = {}
+    for stim_name, d in INSTRUCTIONS.items():
+        if d.kind == "unitary":
+            first.setdefault(d.gate, stim_name)
+    names = [canonical_gate("I")] + sorted(set(first) - {canonical_gate("I")})
+    tables = [gate_tables(first[g]) for g in names]
+    return ({g: i for i, g in enumerate(names)},) + tuple(np.stack(a).astype(np.int32) for a in zip(*tables))
+
+
+def gate_number(stim_name: str) -> int:
+    """A unitary Stim gate's number in `gate_catalogue`."""
+    return gate_catalogue()[0][canonical_gate(stim_name)]
 
 
 @dataclass
@@ -141,7 +160,8 @@ class _Op:
 
     kind: int
     q: np.ndarray
-    gate: str = "I"
+    gate: str = "I"  # GATE: every slot's gate, unless gate_numbers names them one by one
+    gate_numbers: np.ndarray | None = None  # (k,) numbers in gate_catalogue (a merged op)
     probs: tuple = ()
     advance: int = 0
     is_else: bool = False
@@ -170,9 +190,11 @@ def _qubit_values(ins: CircuitInstruction) -> np.ndarray:
 
 
 class _Lowering:
-    def __init__(self, spare: int):
+    def __init__(self, spare: int, merge_gates: bool = False):
         self.spare = spare
+        self.merge_gates = merge_gates
         self.ops: list[_Op] = []
+        self._busy = np.zeros(spare + 1, bool)  # merge_gates: the qubits of the last op, if a GATE op
 
     def _pad(self, qubits: np.ndarray) -> np.ndarray:
         """(k,) or (k, 1) -> (k, 2) with the spare as the second qubit."""
@@ -182,7 +204,18 @@ class _Lowering:
     def gate(self, name: str, groups):
         groups = np.asarray(groups, np.int64).reshape(len(groups), -1)
         for run in _runs(groups):
-            self.ops.append(_Op(GATE, self._pad(run), gate=name))
+            q = self._pad(run)
+            if not self.merge_gates:
+                self.ops.append(_Op(GATE, q, gate=name))
+                continue
+            numbers = np.full(len(q), gate_number(name), np.uint8)
+            last = self.ops[-1] if self.ops else None
+            if last is None or last.kind != GATE or self._busy[run].any():  # gates on a qubit in use: a new op
+                self._busy[:] = False
+                self.ops.append(_Op(GATE, q, gate_numbers=numbers))
+            else:  # disjoint gates commute: one op
+                last.q, last.gate_numbers = np.concatenate([last.q, q]), np.concatenate([last.gate_numbers, numbers])
+            self._busy[run] = True
 
     def basis(self, basis: np.ndarray, qubits: np.ndarray):
         """Rotate X or Y factors to Z (each rotation is its own inverse); basis: (k,) of 'X' 'Y' 'Z'."""
@@ -279,9 +312,7 @@ def _table(ops: list[_Op], width: int, spare: int) -> dict[str, np.ndarray]:
     t = {
         "kind": np.zeros(n, np.int32),
         "q": np.full((n, width, 2), spare, np.int32),
-        "fwd": np.tile(_IDENTITY[0], (n, 1)).astype(np.int32),
-        "inv": np.tile(_IDENTITY[1], (n, 1)).astype(np.int32),
-        "sign": np.tile(_IDENTITY[2], (n, 1)).astype(np.int32),
+        "gate": np.zeros((n, width), np.uint8),  # numbers in gate_catalogue; 0 is the identity
         "probs": np.zeros((n, 15)),
         "rec": np.full((n, width), -1, np.int32),
         "invert": np.zeros((n, width), bool),
@@ -295,7 +326,7 @@ def _table(ops: list[_Op], width: int, spare: int) -> dict[str, np.ndarray]:
     for i, op in enumerate(ops):
         k = len(op.q)
         t["kind"][i] = op.kind
-        t["fwd"][i], t["inv"][i], t["sign"][i] = gate_tables(op.gate)
+        t["gate"][i, :k] = op.gate_numbers if op.gate_numbers is not None else gate_number(op.gate)
         t["probs"][i, :len(op.probs)] = op.probs
         t["is_else"][i], t["advance"][i] = op.is_else, op.advance
         t["q"][i, :k] = op.q
@@ -323,6 +354,7 @@ class Program:
     num_measurements: int
     detectors: list[list[int]]
     observables: list[list[int]]
+    merged_gates: bool = False  # GATE ops mix gates (per-slot numbers): the tableau runs it, frames do not
 
     @property
     def spare(self) -> int:
@@ -343,22 +375,23 @@ class Program:
         return walk(self.segments)
 
 
-def lower(circuit: Circuit, spare: int | None = None) -> Program:
+def lower(circuit: Circuit, spare: int | None = None, merge_gates: bool = False) -> Program:
     """Lower a circuit to a Program (see the module docstring). `spare`: the padding qubit, by default
-    num_qubits (a simulator with more qubits passes its own count)."""
+    num_qubits (a simulator with more qubits passes its own count); merge_gates: one GATE op for all
+    gates on disjoint qubits between two other ops (a random layer of 11 gate kinds: one op, not 11)."""
     n = circuit.num_qubits if spare is None else spare
     if n < circuit.num_qubits:
         raise ValueError(f"spare qubit {n} is used by the circuit ({circuit.num_qubits} qubits)")
     all_ops: list[list[_Op]] = []
 
     def segments(c: Circuit) -> tuple:
-        out, low = [], _Lowering(n)
+        out, low = [], _Lowering(n, merge_gates)
         for op in c.operations:
             if isinstance(op, CircuitRepeatBlock):
                 if low.ops:
                     out.append(low.ops)
                     all_ops.append(low.ops)
-                    low = _Lowering(n)
+                    low = _Lowering(n, merge_gates)
                 out.append(Repeat(op.repeat_count, segments(op.body)))
             else:
                 low.instruction(op)
@@ -374,7 +407,7 @@ def lower(circuit: Circuit, spare: int | None = None) -> Program:
         return tuple(Repeat(s.count, tabulate(s.body)) if isinstance(s, Repeat) else _table(s, width, n) for s in segs)
 
     detectors, observables = _detector_indices(circuit)
-    return Program(tabulate(raw), width, n, circuit.num_measurements, detectors, observables)
+    return Program(tabulate(raw), width, n, circuit.num_measurements, detectors, observables, merge_gates)
 
 
 def _fingerprint(circuit: Circuit) -> tuple:
@@ -383,13 +416,15 @@ def _fingerprint(circuit: Circuit) -> tuple:
                  for op in circuit.operations)
 
 
-def lowered(circuit: Circuit, spare: int | None = None) -> Program:
-    """`lower(circuit, spare)`, cached on the circuit until its instructions change."""
-    key = (spare, _fingerprint(circuit))
+def lowered(circuit: Circuit, spare: int | None = None, merge_gates: bool = False) -> Program:
+    """`lower(circuit, spare, merge_gates)`, cached on the circuit until its instructions change."""
+    fingerprint = _fingerprint(circuit)
+    key = (spare, merge_gates, fingerprint)
     cache = circuit.__dict__.setdefault("_lowered", {})
     if key not in cache:
-        cache.clear()
-        cache[key] = lower(circuit, spare)
+        for stale in [k for k in cache if k[2] != fingerprint]:
+            del cache[stale]
+        cache[key] = lower(circuit, spare, merge_gates)
     return cache[key]
 
 

@@ -255,7 +255,7 @@ class TableauSimulator:
     def _do_program(self, circuit: Circuit) -> None:
         """Run a whole circuit as one compiled scan (stabilizer.program) on the current tableau."""
         self.set_num_qubits(circuit.num_qubits)
-        prog = _p.lowered(circuit, spare=self._n)  # set_num_qubits keeps room for this spare qubit
+        prog = _p.lowered(circuit, spare=self._n, merge_gates=True)  # set_num_qubits keeps room for the spare
         structure, tables = prog.structure(), _p.device_tables(prog)
         guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
         key = jax.random.key(int(self._rng.integers(2**62)))

@@ -27,7 +27,7 @@ from jax import lax
 
 from . import kernels
 from .frames import pack
-from .program import GATE, MEASURE, pair_codes, run_segments
+from .program import GATE, MEASURE, gate_catalogue, pair_codes, run_segments
 
 WORD = 32
 
@@ -435,9 +435,9 @@ class _Carry(NamedTuple):
 
 
 def _op_gate(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
-    k = row["q"].shape[0]
-    image = jnp.broadcast_to(row["inv"], (k, 16))
-    sign = jnp.broadcast_to(row["sign"], (k, 16))
+    _, _, images, signs = gate_catalogue()
+    number = row["gate"].astype(jnp.int32)  # each slot's gate (a merged op mixes them)
+    image, sign = jnp.asarray(images)[number], jnp.asarray(signs)[number]
     return c._replace(t=prepend(c.t, row["q"], image, sign, row["active"], arity=2, kernel=kernel))
 
 
