@@ -132,6 +132,29 @@ def _start_host_copy(x: jax.Array) -> jax.Array:
     return x
 
 
+class _HostBuffer:
+    """The first rows of a chunk's host copy through numpy's array interface: a writable view that
+    keeps the chunk alive. The chunk is a fresh buffer that nothing else holds, so it can become the
+    user's output, as a Stim sampler's array is theirs."""
+
+    def __init__(self, x: jax.Array, rows: int):
+        self._chunk = x
+        self.__array_interface__ = {"data": (x.unsafe_buffer_pointer(), False), "shape": (rows,) + x.shape[1:],
+                                    "typestr": np.dtype(x.dtype).str, "version": 3}
+
+
+def _host_rows(x: jax.Array, n: int) -> np.ndarray:
+    """The first n rows of a chunk's host copy (`_start_host_copy`) as a writable numpy array, without a
+    copy: on an H100 the copy out of page-locked memory took 1.25 ms of a d = 5, 1e6-shot packed
+    sample's 2.9 ms on one core (0.4 ms over threads). Falls back to a copy where the array has no
+    single host buffer."""
+    x.block_until_ready()
+    try:
+        return np.asarray(_HostBuffer(x, n))
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return np.array(np.asarray(x)[:n])
+
+
 def _copy_into(outs, start, n, parts):
     """Write a chunk's first n rows into the host outputs, a large copy split by rows over threads:
     numpy releases the GIL while it copies, so the first-touch page faults of a fresh output and the
@@ -246,6 +269,9 @@ class _Sampler:
                 outs = [_place(o, p, start) for o, p in
                         zip(outs or [jnp.zeros((padded,) + p.shape[1:], dtype) for p in parts], parts)]
             return [o[:shots] for o in outs]
+        if len(plan) == 1:  # one chunk: its host buffers become the outputs, uncopied
+            (start, n, parts), = chunks
+            return [_host_rows(_start_host_copy(p), n) for p in parts]
         outs = [np.empty(s, dtype) for s in shapes]
         previous = None
         for start, n, parts in chunks:  # advancing the generator dispatches the next chunk before this one is copied

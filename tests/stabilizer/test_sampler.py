@@ -141,6 +141,28 @@ def test_packed_and_device_outputs_are_the_bool_shots(chunked, split, monkeypatc
     np.testing.assert_array_equal(np.asarray(compile_sampler(c, seed=6).sample(shots, on_device=True)), bools)
 
 
+def test_one_chunk_outputs_are_writable_arrays_of_their_own():
+    """A one-chunk sample is returned as a view of the chunk's host buffer, not a copy: it must be a
+    writable, contiguous array that outlives the sampler and shares memory with nothing else (writing
+    into one result changes neither another call's result nor a later sample)."""
+    import gc
+
+    c = Circuit(_noisy("repetition_code:memory", 5, 0.1))
+    s = compile_detector_sampler(c, seed=9)
+    first, second = s.sample(300, bit_packed=True), s.sample(300)
+    want_first, want_second = first.copy(), second.copy()
+    assert first.flags.writeable and first.flags.c_contiguous and first.shape == (300, -(-c.num_detectors // 8))
+    del s
+    gc.collect()
+    first[...] = 0
+    second[::2] = ~second[::2]
+    assert not first.any() and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(second[1::2], want_second[1::2])
+    again = compile_detector_sampler(c, seed=9)
+    np.testing.assert_array_equal(again.sample(300, bit_packed=True), want_first)
+    np.testing.assert_array_equal(again.sample(300), want_second)
+
+
 def test_shot_counts_in_one_chunk_size_share_the_compiled_programs():
     """37 and 50 shots take the same 2-word chunk: the second call compiles neither the frame program
     nor the output layout (they are sized by the chunk, not the shot count)."""
