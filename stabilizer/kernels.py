@@ -230,7 +230,7 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
         x, z, signs, pivots, flags = carry
         at_j = row == j
         xj = _pick(at_j[:, None], x, axis=0)  # (w,) the measured row's x words
-        random = (_pick(at_j, active_ref[...]) != 0) & (jnp.max((xj != 0).astype(jnp.int32)) > 0)
+        random = (active_ref[j] != 0) & (jnp.max((xj != 0).astype(jnp.int32)) > 0)
         w0 = jnp.min(jnp.where(xj != 0, col, w - 1))  # first nonzero word
         xw = _pick(col == w0, xj)
         low = xw & (jnp.uint32(0) - xw)
@@ -270,7 +270,7 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
         x = jnp.where(at_w, (x & keep) | shifted(nx), x)
         z = jnp.where(at_w, (z & keep) | shifted(nz), z)
         # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot
-        fix = random & (_pick(at_j, signs) != _pick(at_j, guesses_ref[...]))
+        fix = random & (_pick(at_j, signs) != guesses_ref[j])
         signs = signs ^ jnp.where(fix, nz.astype(jnp.int32), 0)
         kmask_ref[pl.ds(j, 1), :] = km[None, :]
         pivots = jnp.where(at_j, jnp.where(random, w0 * 32 + bit, 0), pivots)
@@ -328,10 +328,24 @@ def replay_collapse(x, z, controls, phase, j, zk_bit, s, on, use_yz, fix, kp):
     return x, z, controls, phase + jnp.where(on, d, 0)
 
 
-def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_ref, xs_ref, xo_ref, zo_ref, xn_ref,
-                  zn_ref, phase_ref, ys_ref, *, b, nb, bw):
-    del xs_in  # aliased with xs_ref
-    r0 = pl.program_id(0) * APPLY_ROWS
+def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, xs_in, zs_in, xs_ref, zs_ref, flip_ref,
+                  *, b, nb, bw):
+    del xs_in, zs_in  # aliased with xs_ref, zs_ref
+    program = pl.program_id(0)
+    r0 = program * APPLY_ROWS
+    block = pl.ds(r0, APPLY_ROWS)
+
+    @pl.when(skip_ref[program] != 0)  # rows the block's collapses leave as they are
+    def _():
+        flip_ref[block] = jnp.zeros(APPLY_ROWS, jnp.int32)
+
+    @pl.when(skip_ref[program] == 0)
+    def _():
+        _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, b=b, nb=nb,
+                       bw=bw)
+
+
+def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, *, b, nb, bw):
     block = pl.ds(r0, APPLY_ROWS)
     rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
     one = jnp.uint32(1)
@@ -359,14 +373,10 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_
     parity = (jnp.sum(_popcount(acc), axis=2, dtype=jnp.int32) & 1).astype(jnp.uint32)  # (b, rows)
     zk = jnp.sum(parity << slots[:, None], axis=0, dtype=jnp.uint32)
 
-    slot, flags, kp = steps_ref[3].astype(jnp.uint32), steps_ref[4], kp_ref[...]
-
-    def step(j, carry):  # a loop, not unrolled: unrolled with scalar loads it ran 2x slower on an H100
-        # and compiled in 8 s, not 0.6 s
-        at_j = slots == j.astype(jnp.uint32)
-        f = _pick(at_j, flags)
-        return replay_collapse(*carry, j.astype(jnp.uint32), (zk >> j.astype(jnp.uint32)) & one, _pick(at_j, slot),
-                               (f & 1) == 1, (f & 2) == 2, (f & 4) == 4, _pick(at_j, kp))
+    def step(j, carry):  # a loop, not unrolled: unrolled it ran 2x slower on an H100 and compiled in 8 s
+        f = steps_ref[4, j]
+        return replay_collapse(*carry, j.astype(jnp.uint32), (zk >> j.astype(jnp.uint32)) & one,
+                               steps_ref[3, j].astype(jnp.uint32), (f & 1) == 1, (f & 2) == 2, (f & 4) == 4, kp_ref[j])
 
     zero_words = jnp.zeros(APPLY_ROWS, jnp.uint32)
     x, z, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero_words, jnp.zeros(APPLY_ROWS, jnp.int32)))
@@ -386,30 +396,43 @@ def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_in, zs_
         off = ~pmask_ref[cols][None, :]
         return ys + jnp.sum(_popcount(xw & zw) - _popcount(new & zw & off), axis=1, dtype=jnp.int32)
 
-    ys_ref[block] = lax.fori_loop(0, nb, rewrite, jnp.zeros(APPLY_ROWS, jnp.int32))
-    xo_ref[block], zo_ref[block], xn_ref[block], zn_ref[block], phase_ref[block] = xo, zo, x, z, phase
+    ys = lax.fori_loop(0, nb, rewrite, jnp.zeros(APPLY_ROWS, jnp.int32))
+
+    # the pivot columns take their new bits, one distinct pivot at a time (two may share a word)
+    def set_pivot(s, _):
+        col = pl.ds(steps_ref[0, s], 1)
+        keep = jnp.where(steps_ref[2, s] == 1, ~(one << steps_ref[1, s].astype(jnp.uint32)), jnp.uint32(0xFFFFFFFF))
+        put = lambda v: (((v >> s.astype(jnp.uint32)) & one) << steps_ref[1, s].astype(jnp.uint32)) & ~keep
+        xs_ref[block, col] = (xs_ref[block, col] & keep) | put(x)[:, None]
+        zs_ref[block, col] = (zs_ref[block, col] & keep) | put(z)[:, None]
+        return 0
+
+    lax.fori_loop(0, b, set_pivot, 0)
+    # signs: i^(Ys before - Ys after + the pivots' phases) is -1
+    flip_ref[block] = (((ys - _popcount(x & z) + phase) & 3) == 2).astype(jnp.int32)
 
 
-@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0,))
-def apply_rows(xs, zs, steps, kp, kext, tables, pmask, interpret: bool = False):
-    """The word-parallel part of tableau._apply_block, xs updated in place: each row's bits at the
-    pivots, its fan-out parities, the b collapses on those words, and the fan-outs (kext (b, W), off
-    the pivot columns pmask (W,)) XORed into its x words by its controls. steps (5, b) int32: pivot
-    word, shift, first (the distinct pivots), slot, flags (bit 0 random, 1 use_yz, 2 fix); kp (b,)
-    uint32 each fan-out's pivot columns as slot bits; tables (b / 8 * 256, W): row 256 g + v the XOR of
-    the fan-outs 8 g + i for the set bits i of v (M4RI's lookup). Returns (xs, then (R,) arrays: the pivot bits of
-    x and z before and after (uint32 slot bits), the phase, and the Y count before minus the Y count
-    after off the pivots (int32)). The pivot columns of xs and zs are left to the caller."""
+@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1))
+def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, interpret: bool = False):
+    """tableau._apply_block's collapses on every row, xs and zs updated in place: each row's bits at
+    the pivots, its fan-out parities, the b collapses replayed on those words, the fan-outs (kext (b,
+    W), off the pivot columns pmask (W,)) XORed into its x words by its controls, the pivots' new bits.
+    steps (5, b) int32: pivot word, shift, first (the distinct pivots), slot, flags (bit 0 random,
+    1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns as slot bits; tables (b / 8 * 256,
+    W): row 256 g + v the XOR of the fan-outs 8 g + i for the set bits i of v (M4RI's lookup); skip
+    (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged (rows made +-Z
+    by an earlier collapse), which are not read. Returns (xs, zs, flip (R,) int32: 1 where the
+    row's sign flips)."""
     r, w = xs.shape
     b, bw = kext.shape[0], min(w, APPLY_WORDS)
     if r % APPLY_ROWS or block_words(w) is None:
         raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
-    row_words, row_ints = jax.ShapeDtypeStruct((r,), jnp.uint32), jax.ShapeDtypeStruct((r,), jnp.int32)
     return pl.pallas_call(
         partial(_apply_kernel, b=b, nb=w // bw, bw=bw),
         grid=(r // APPLY_ROWS,),
-        out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype),) + (row_words,) * 4 + (row_ints,) * 2,
-        input_output_aliases={5: 0},
+        out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype), jax.ShapeDtypeStruct(zs.shape, zs.dtype),
+                   jax.ShapeDtypeStruct((r,), jnp.int32)),
+        input_output_aliases={6: 0, 7: 1},
         compiler_params=plgpu.CompilerParams(num_warps=APPLY_WARPS, num_stages=1),
         interpret=interpret,
-    )(steps, kp, kext, tables, pmask, xs, zs)
+    )(steps, kp, kext, tables, pmask, skip, xs, zs)

@@ -335,9 +335,11 @@ def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
     return lax.fori_loop(0, b, step, (rows, plan))[1]
 
 
-def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
+def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tableau:
     """Step 2: the planned collapses on every row of t, in one pass (see the section comment). kernel:
-    as in `prepend` (the Pallas kernel does the word-parallel part, kernels.apply_rows)."""
+    as in `prepend` (the Pallas kernel, kernels.apply_rows); skip (R / kernels.APPLY_ROWS,) int32,
+    for the kernel: nonzero for blocks of rows the collapses leave as they are (the pure rule
+    computes them anyway: the same bits)."""
     b = plan.pivot.shape[0]
     slots = jnp.arange(b)
     p, random = plan.pivot, plan.random
@@ -352,20 +354,15 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
     kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
     tables = [_xor_table(kext[g:g + 8]) for g in range(0, b, 8)]  # XORs of the fan-outs, 8 controls a table
 
-    def set_pivots(words, new, old):  # pivot bits from `old` to `new` (slot bits (R,)): adding the
-        # difference at distinct bits is exact, and a recurring pivot column is one slot
-        bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
-        return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
-
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode != "jax":
         flags = random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
         steps = jnp.stack([word, shift.astype(jnp.int32), first.astype(jnp.int32), slot.astype(jnp.int32), flags])
-        xs, xo, zo, xn, zn, phase, ys = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, jnp.concatenate(tables),
-                                                           pmask, interpret=mode == "interpret")
-        xs, zs = set_pivots(xs, xn, xo), set_pivots(t.zs, zn, zo)
-        flip = ((ys - lax.population_count(xn & zn).astype(jnp.int32) + phase) % 4) == 2
-        return Tableau(xs, zs, t.signs ^ flip)
+        if skip is None:
+            skip = jnp.zeros(t.xs.shape[0] // kernels.APPLY_ROWS, jnp.int32)
+        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, jnp.concatenate(tables), pmask, skip,
+                                          interpret=mode == "interpret")
+        return Tableau(xs, zs, t.signs ^ (flip == 1))
     xo = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
     zo = pack(_columns(t.zs, p) * first)
 
@@ -388,6 +385,12 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax") -> Tableau:
     xs = t.xs  # off the pivots: XOR of the fan-out masks the row's controls select (kext has no pivot bits)
     for g, table in enumerate(tables):
         xs = xs ^ table[(controls >> (8 * g)) & 255]
+
+    def set_pivots(words, new, old):  # pivot bits from `old` to `new` (slot bits (R,)): adding the
+        # difference at distinct bits is exact, and a recurring pivot column is one slot
+        bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
+        return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
+
     xs, zs = set_pivots(xs, xn, xo), set_pivots(t.zs, zn, zo)
     flip = ((ys_before - _popcount(xs & zs) + phase) % 4) == 2
     return Tableau(xs, zs, t.signs ^ flip)
@@ -401,16 +404,25 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     active = jnp.concatenate([active, jnp.zeros(pad, bool)])
     guesses = jnp.concatenate([guesses, jnp.zeros(pad, bool)])
     last = jnp.max(jnp.where(active, jnp.arange(k + pad), -1))  # blocks after the last active slot: none
+    kernel_path = kernels.kernel_mode(kernel, t.xs.shape[1]) != "jax"
 
     def block(i, carry):
-        t, outcomes = carry
+        t, outcomes, settled = carry
         part = lambda a: lax.dynamic_slice_in_dim(a, i * b, b)
         rows = n + part(qubits)
         plan = _plan_block(Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), part(active), part(guesses), kernel)
-        t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
-        return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
+        if kernel_path:  # always applied: a conditional around a kernel waits for the host every block.
+            # A row made +-Z_p by a random collapse stays so (later fan-outs avoid p, which their rows
+            # commute with): the kernel skips blocks of such rows (measure-all: a growing share)
+            skip = jnp.all(settled.reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)
+            t = _apply_block(t, plan, kernel, skip)
+            settled = settled.at[rows].set(settled[rows] | plan.random)
+        else:
+            t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
+        return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0), settled
 
-    t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool)))
+    settled = jnp.zeros(t.xs.shape[0], bool)
+    t, outcomes, _ = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool), settled))
     return t, outcomes[:k]
 
 

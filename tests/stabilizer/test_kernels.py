@@ -210,6 +210,27 @@ def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_measure_all_in_order_skips_settled_rows_and_equals_one_collapse_at_a_time():
+    """Every qubit measured in order, the first 32 in |+> (all random: after the first block their rows
+    are +-Z at their pivots, and the apply kernel skips that block of rows from then on), the rest
+    entangled: the outcomes and tableau of `measure_z` one qubit at a time."""
+    from .test_measure_many import _state_text, _tableau
+
+    rng = np.random.default_rng(12)
+    n = 128
+    t = _tableau("H " + " ".join(map(str, range(32))) + "\n" + _state_text(n, rng, 4, deterministic=32), n)
+    guesses = rng.random(n) < 0.5
+    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
+    for q, g in enumerate(guesses):
+        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
+        outs.append(bool(r))
+    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.arange(n, dtype=jnp.int32),
+                                     jnp.ones(n, bool), jnp.asarray(guesses), kernel=KERNEL)
+    assert [bool(o) for o in np.asarray(outcomes)] == outs and outs[:32] == guesses[:32].tolist()
+    for a, b in zip(got, seq):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_measure_kernels_lower_to_triton_on_any_machine():
     """Lowering for CUDA runs Pallas's Triton lowering on any machine: the plan and apply kernels use
     only primitives it can lower."""
