@@ -60,7 +60,6 @@ bucket exchanged words.
 from __future__ import annotations
 
 import importlib
-import math
 from functools import partial
 from typing import NamedTuple
 
@@ -110,8 +109,8 @@ def _send(buf: _e.Buffer, devices: int, bucket: int, me):
     """(buffer without the words it does not own, their buckets by owner, the largest bucket's need).
     A bucket holds its first `bucket` words in slot order; the need says how many it should hold."""
     cap, lanes = buf.words.shape
-    empty = Exchange(jnp.zeros((devices, bucket, lanes), buf.words.dtype), jnp.zeros((devices, bucket), buf.coeffs.dtype),
-                     jnp.zeros((devices, bucket), jnp.int32))
+    empty = Exchange(jnp.zeros((devices, bucket, lanes), buf.words.dtype),
+                     jnp.zeros((devices, bucket), buf.coeffs.dtype), jnp.zeros((devices, bucket), jnp.int32))
     if devices == 1:  # every word is the one device's own
         return buf, empty, jnp.int32(0)
     own = owner(buf.words, devices)
@@ -124,7 +123,8 @@ def _send(buf: _e.Buffer, devices: int, bucket: int, me):
     src = jnp.stack(picks)  # (D, B)
     ok = src < cap
     s = jnp.minimum(src, cap - 1)
-    out = Exchange(jnp.where(ok[..., None], buf.words[s], 0), jnp.where(ok, buf.coeffs[s], 0), jnp.where(ok, buf.meta[s], 0))
+    out = Exchange(jnp.where(ok[..., None], buf.words[s], 0), jnp.where(ok, buf.coeffs[s], 0),
+                   jnp.where(ok, buf.meta[s], 0))
     counts = jnp.stack(counts)
     # the words sent leave the shard (when a bucket overflows, the unit is undone anyway)
     buf = buf._replace(coeffs=jnp.where(away, 0, buf.coeffs), meta=jnp.where(away, 0, buf.meta))
@@ -277,10 +277,11 @@ class Progress(NamedTuple):
     peak: jax.Array  # int32 the largest live count of all shards
 
 
-def _unit(b: _e.Buffer, u, active, acts, T, params, limits: _t.Limits, cfg: _e.Config, devices: int, bucket: int,
-          axis: str):
+def _unit(b: _e.Buffer, u, active, live, acts, T, params, limits: _t.Limits, cfg: _e.Config, devices: int,
+          bucket: int, axis: str):
     """Unit u on this shard, its words routed to their owners and settled, the global cut. Returns
-    (buffer, need, bucket need, acts); a unit that overflowed anywhere leaves every shard as it was."""
+    (buffer, need, bucket need, acts); a unit that overflowed anywhere leaves every shard as it was.
+    live: the shard's live words."""
     kind = T["u_kind"][jnp.minimum(u, T["u_kind"].shape[0] - 1)]
     defer = T["u_defer"][jnp.minimum(u, T["u_kind"].shape[0] - 1)]
     spread = devices > 1
@@ -290,7 +291,7 @@ def _unit(b: _e.Buffer, u, active, acts, T, params, limits: _t.Limits, cfg: _e.C
     else:
         local = limits
     before = b
-    b, need = _e.apply_unit(b, u, T, params, local, cfg, live_count=_count(b.live), active=active,
+    b, need = _e.apply_unit(b, u, T, params, local, cfg, live_count=live, active=active,
                             acts=acts if cfg.skip_unmet else None)
     me = lax.axis_index(axis)
     b, out, need_bucket = _send(b, devices, bucket, me)
@@ -330,14 +331,15 @@ def run(T: dict, buf: _e.Buffer, start, params, limits: _t.Limits, table, *, cfg
     num_units = T["num_units"]
 
     def one(carry):
-        u, b, need, need_bucket, terms, peak, acts = carry
+        u, b, need, need_bucket, terms, peak, live, acts = carry
         active = (u < num_units) & (need == 0) & (need_bucket == 0)
-        b, need_u, bucket_u, acts = _unit(b, u, active, acts, T, params, limits, cfg, devices, bucket, axis)
+        b, need_u, bucket_u, acts = _unit(b, u, active, live, acts, T, params, limits, cfg, devices, bucket, axis)
         need, need_bucket = jnp.where(active, need_u, need), jnp.where(active, bucket_u, need_bucket)
         advance = active & (need == 0) & (need_bucket == 0)
-        total = lax.psum(_count(b.live), axis)
+        live = _count(b.live)
+        total = lax.psum(live, axis)
         terms = terms.at[u].set(jnp.where(advance, total, terms[u]))
-        return jnp.where(advance, u + 1, u), b, need, need_bucket, terms, jnp.maximum(peak, total), acts
+        return jnp.where(advance, u + 1, u), b, need, need_bucket, terms, jnp.maximum(peak, total), live, acts
 
     def body(carry):
         if cfg.units_per_test == 1:
@@ -345,11 +347,12 @@ def run(T: dict, buf: _e.Buffer, start, params, limits: _t.Limits, table, *, cfg
         return lax.fori_loop(0, cfg.units_per_test, lambda i, c: one(c), carry)
 
     cond = lambda c: (c[0] < num_units) & (c[2] == 0) & (c[3] == 0)
-    total = lax.psum(_count(buf.live), axis)
+    live = _count(buf.live)
+    total = lax.psum(live, axis)
     acts = _e.support(buf) if cfg.skip_unmet else jnp.uint32(0)
     init = (jnp.asarray(start, jnp.int32), buf, jnp.int32(0), jnp.int32(0), jnp.zeros(T["u_kind"].shape[0], jnp.int32),
-            total, acts)
-    u, buf, need, need_bucket, terms, peak, _ = lax.while_loop(cond, body, init)
+            total, live, acts)
+    u, buf, need, need_bucket, terms, peak, _, _ = lax.while_loop(cond, body, init)
     value = lax.psum(_e.value(buf, table), axis)
     return buf, Progress(u, need, need_bucket, terms, peak), value, lax.psum(buf.dropped, axis)
 
@@ -564,7 +567,7 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
         resumed += 1
         start = unit
         if need_bucket > 0:
-            bucket = 1 << int(math.ceil(math.log2(max(2 * bucket, need_bucket))))
+            bucket = _prop._next_capacity(bucket, need_bucket)  # at least twice the old and what it needed
         if need == _m.COLLIDED:
             exact_order = True
         elif need == _e.WHOLE_ROOM:
