@@ -279,9 +279,19 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
         return x, z, signs, pivots, flags
 
     zeros = jnp.zeros(b, jnp.int32)
-    _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (xs_ref[...], zs_ref[...], signs_ref[...], zeros, zeros))
-    pivot_ref[...] = pivots
-    flags_ref[...] = flags
+    busy = jnp.max(active_ref[...]) != 0
+
+    @pl.when(busy)
+    def _():
+        _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (xs_ref[...], zs_ref[...], signs_ref[...], zeros, zeros))
+        pivot_ref[...] = pivots
+        flags_ref[...] = flags
+
+    @pl.when(jnp.logical_not(busy))  # a block of padding slots: nothing collapses
+    def _():
+        pivot_ref[...] = zeros
+        flags_ref[...] = signs_ref[...] << 3
+        kmask_ref[...] = jnp.zeros(kmask_ref.shape, jnp.uint32)
 
 
 @partial(jax.jit, static_argnames=("interpret",))
@@ -398,16 +408,20 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, z
 
     ys = lax.fori_loop(0, nb, rewrite, jnp.zeros(APPLY_ROWS, jnp.int32))
 
-    # the pivot columns take their new bits, one distinct pivot at a time (two may share a word)
-    def set_pivot(s, _):
-        col = pl.ds(steps_ref[0, s], 1)
-        keep = jnp.where(steps_ref[2, s] == 1, ~(one << steps_ref[1, s].astype(jnp.uint32)), jnp.uint32(0xFFFFFFFF))
-        put = lambda v: (((v >> s.astype(jnp.uint32)) & one) << steps_ref[1, s].astype(jnp.uint32)) & ~keep
-        xs_ref[block, col] = (xs_ref[block, col] & keep) | put(x)[:, None]
-        zs_ref[block, col] = (zs_ref[block, col] & keep) | put(z)[:, None]
-        return 0
+    # the pivot columns take their new bits: slot s writes its pivot's whole word with the new bits of
+    # every distinct pivot in that word, so slots sharing a word write the same value (one scatter)
+    same = (word[:, None] == word[None, :]) & (first[None, :] == 1)  # (b, b): s' a distinct pivot in s's word
+    at = first << shift  # (b,) each distinct pivot's bit in its word
+    clear = jnp.sum(jnp.where(same, at[None, :], jnp.uint32(0)), axis=1, dtype=jnp.uint32)
 
-    lax.fori_loop(0, b, set_pivot, 0)
+    def set_pivots(ref, new):
+        bits = ((new[:, None] >> slots[None, :]) & one) * at[None, :]  # (rows, b) each pivot's new bit, in place
+        put = jnp.sum(jnp.where(same[None, :, :], bits[:, None, :], jnp.uint32(0)), axis=2, dtype=jnp.uint32)
+        old = ref[rows[:, None], word[None, :]]
+        ref[rows[:, None], word[None, :]] = (old & ~clear[None, :]) | put
+
+    set_pivots(xs_ref, x)
+    set_pivots(zs_ref, z)
     # signs: i^(Ys before - Ys after + the pivots' phases) is -1
     flip_ref[block] = (((ys - _popcount(x & z) + phase) & 3) == 2).astype(jnp.int32)
 

@@ -403,8 +403,10 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     qubits = jnp.concatenate([qubits, jnp.zeros(pad, qubits.dtype)])
     active = jnp.concatenate([active, jnp.zeros(pad, bool)])
     guesses = jnp.concatenate([guesses, jnp.zeros(pad, bool)])
-    last = jnp.max(jnp.where(active, jnp.arange(k + pad), -1))  # blocks after the last active slot: none
     kernel_path = kernels.kernel_mode(kernel, t.xs.shape[1]) != "jax"
+    # blocks after the last active slot: none on the pure path; on the kernel path every block runs (a
+    # loop whose count is data waits for the host each step), and the kernels skip an empty block
+    last = k + pad - 1 if kernel_path else jnp.max(jnp.where(active, jnp.arange(k + pad), -1))
 
     def block(i, carry):
         t, outcomes, settled = carry
@@ -414,7 +416,8 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
         if kernel_path:  # always applied: a conditional around a kernel waits for the host every block.
             # A row made +-Z_p by a random collapse stays so (later fan-outs avoid p, which their rows
             # commute with): the kernel skips blocks of such rows (measure-all: a growing share)
-            skip = jnp.all(settled.reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)
+            skip = jnp.all(settled.reshape(-1, kernels.APPLY_ROWS), axis=1) | ~jnp.any(plan.random)
+            skip = skip.astype(jnp.int32)
             t = _apply_block(t, plan, kernel, skip)
             settled = settled.at[rows].set(settled[rows] | plan.random)
         else:

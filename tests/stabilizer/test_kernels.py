@@ -231,6 +231,22 @@ def test_measure_all_in_order_skips_settled_rows_and_equals_one_collapse_at_a_ti
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_measure_blocks_of_padding_slots_change_nothing():
+    """Slots 32-63 and 80-95 inactive (a whole block of padding, and a block's tail): the kernels
+    run every block, and the empty one leaves the tableau and its outcomes as the pure rule does."""
+    rng = np.random.default_rng(13)
+    t, _, _, _ = _measured_rows(120, 13)
+    qubits = jnp.asarray(rng.permutation(120)[:96].astype(np.int32))
+    active = jnp.asarray((np.arange(96) < 32) | ((np.arange(96) >= 64) & (np.arange(96) < 80)))
+    guesses = jnp.asarray(rng.random(96) < 0.5)
+    runs = [T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), qubits, active, guesses, kernel=kernel)
+            for kernel in ("jax", KERNEL)]
+    (t1, o1), (t2, o2) = runs
+    np.testing.assert_array_equal(np.asarray(o1)[np.asarray(active)], np.asarray(o2)[np.asarray(active)])
+    for a, b in zip(t1, t2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_measure_kernels_lower_to_triton_on_any_machine():
     """Lowering for CUDA runs Pallas's Triton lowering on any machine: the plan and apply kernels use
     only primitives it can lower."""
