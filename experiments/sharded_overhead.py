@@ -8,10 +8,10 @@ dropping |c| < --min-abs-coeff, at a fixed capacity of 2^--log2-capacity slots. 
   sharded    pauliprop.sharded.expectation(..., capacity=C, mesh=a mesh of the first device)
 
 Each variant runs in fresh processes (--rounds of them, the variants interleaved), and each process
-times its first call (compilation included: `first_call_s`, the process's wall time to a value) and
-then --repeats warm calls (`warm_s`: each; the summary takes the best). The values must agree (the
-sharded path on one device applies the engine's own units). Results JSON to --out, or $OUT/
-sharded_overhead_<backend>.json when $OUT is set, else experiments/results/.
+times its first call (compilation included, JAX's persistent compilation cache off unless --cache:
+`first_call_s`) and then --repeats warm calls (`warm_s`: each; the summary takes the best). The
+values must agree (the sharded path on one device applies the engine's own units). Results JSON to
+--out, or $OUT/sharded_overhead_<backend>.json when $OUT is set, else experiments/results/.
 
     python experiments/sharded_overhead.py                        # GPU: 2^20 slots, 20 steps
     python experiments/sharded_overhead.py --log2-capacity 12 --steps 4 --rounds 1   # quick CPU check
@@ -84,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="warm calls a process")
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes a variant (interleaved)")
     ap.add_argument("--timeout", type=float, default=560.0, help="seconds a process may take")
+    ap.add_argument("--cache", action="store_true", help="keep JAX's persistent compilation cache on")
     ap.add_argument("--child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -93,6 +94,11 @@ def main(argv=None):
         return
     import benchtools
 
+    # a first call compiles (JAX's persistent cache off, unless --cache); JAX takes 75% of a GPU's memory
+    # by default: let a run have nearly all of it (as terms_at_scale.py)
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95", **os.environ}
+    if not args.cache:
+        env["PAULIPROP_NO_CACHE"] = "1"
     records = []
     for r in range(args.rounds):
         for variant in VARIANTS:
@@ -101,7 +107,7 @@ def main(argv=None):
                    "--repeats", str(args.repeats)]
             t0 = time.perf_counter()
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
                 lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
                 record = json.loads(lines[-1]) if done.returncode == 0 and lines else dict(
                     variant=variant, status="failed", returncode=done.returncode, stderr=done.stderr[-3000:])
