@@ -14,7 +14,7 @@ from . import compilation
 
 compilation.enable()  # JAX's persistent compilation cache (pauliprop/compilation.py)
 
-from . import ansatz, hamiltonians, sharding, statevector, statevector_adjoint  # noqa: E402
+from . import ansatz, hamiltonians, sharded, sharding, statevector, statevector_adjoint  # noqa: E402
 from .circuit import Circuit, Instruction, Param
 from .gates import GATES, GateDef
 from .objective import expectation_fn
@@ -25,6 +25,6 @@ from .shared import expectations
 from .truncation import Truncation
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
-           "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharding",
+           "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharded", "sharding",
            "statevector", "statevector_adjoint"]
 __version__ = "0.1.0"
