@@ -52,9 +52,13 @@ GPUs); there is no other transport. The overlap and the stats come back replicat
 Limits: the forward estimate only (no reverse mode: the engine's adjoint replays units on one
 buffer, not across an exchange; `expectation` raises under a jax transformation and points to
 pp.expectation); rotations run one unit each (no layers: engine.layer_unit's passes would each need
-an exchange); one parameter set a call (no batches). Memory a device: its shard, the shard again
-(the buffer from before the unit, kept to undo a unit that overflowed somewhere) and 2 x D x
-bucket exchanged words.
+an exchange); one parameter set a call (no batches). Memory a device: its shard and, on several
+devices, the shard again (the buffer from before the unit, kept to undo a unit that overflowed
+somewhere) and 2 x D x bucket exchanged words (the default bucket, a shard's slots / D, makes that
+two shards' worth of words: a dense Clifford run moves nearly every word). Every unit's all-to-all
+moves the whole buckets, full or not, and a shard hashes all its words after every unit to find
+the ones it does not own; on several devices a rotation also sorts its arrivals with the owner's
+anticommuting words (merge.full_merge), a second sort beside the split's own.
 """
 
 from __future__ import annotations
@@ -465,19 +469,28 @@ def _distribute(merged: _e.Buffer, live: int, devices: int, per: int):
     return (w, c, m, dropped), most
 
 
+def _global(host, sharding: NamedSharding):
+    """Host arrays (a pytree; None leaves stay) as global arrays with this sharding, each process
+    placing the shards of its own devices (so the same call serves one host and several)."""
+    place = lambda a: jax.make_array_from_callback(np.shape(a), sharding, lambda index: np.asarray(a)[index])
+    return jax.tree_util.tree_map(place, host)
+
+
 def _put(arrays, mesh: Mesh):
     """(D, per, ...) host arrays as a Buffer of global arrays sharded by slots over the mesh."""
-    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
     flat = [a.reshape((-1,) + a.shape[2:]) for a in arrays]
-    return _e.Buffer(*(jax.device_put(a, sharding) for a in flat))
+    return _e.Buffer(*_global(flat, NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))))
 
 
-def _grow(buf: _e.Buffer, devices: int, per: int, mesh: Mesh):
-    """Every shard padded to `per` slots (through the host: growth is rare)."""
-    host = [np.asarray(a) for a in buf]
-    shaped = [a.reshape((devices, -1) + a.shape[1:]) for a in host]
-    pad = lambda a: np.pad(a, [(0, 0), (0, per - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
-    return _put([pad(a) for a in shaped[:3]] + [shaped[3]], mesh)
+@_prop._one_program_per_key
+def _padding(mesh: Mesh, per: int):
+    """The jitted growth of every shard to `per` slots (each device pads its own: no host copy)."""
+    def pad(b: _e.Buffer) -> _e.Buffer:
+        grow = lambda a: jnp.pad(a, [(0, per - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+        return _e.Buffer(grow(b.words), grow(b.coeffs), grow(b.meta), b.dropped)
+
+    spec = PartitionSpec(mesh.axis_names[0])
+    return jax.jit(_shard_map(pad, mesh, in_specs=(spec,), out_specs=spec))
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
@@ -556,8 +569,8 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
         per = _prop._next_capacity(per, most)
     buf = _put(arrays, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
-    T = jax.device_put(low.tables, replicated)
-    args = jax.device_put((p, limits, table), replicated)
+    T = _global(low.tables, replicated)
+    args = _global((p, limits, table), replicated)
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     unit_terms[0] = live
     start, exact_order, whole_room, peak, resumed = 1, False, False, live, 0
@@ -592,7 +605,7 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
                                   f"over {devices} devices is more than max_capacity={max_capacity}; add truncation or "
                                   "raise max_capacity")
             per = grown
-            buf = _grow(buf, devices, per, mesh)
+            buf = _padding(mesh, per)(buf)
     terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
     stats = ShardedStats(terms=terms, dropped_norm=np.asarray(dropped), overflow=False, capacity=per * devices,
                          max_terms_seen=int(max(peak, int(terms.max(initial=0)))), devices=devices, bucket=bucket,
