@@ -142,3 +142,13 @@ def test_measuring_again_repeats_the_outcomes():
     t, again = T.measure_many_z(t, qs, jnp.ones(n, bool), ~guesses)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
     assert all(int(T.peek_z(t, q)) != 0 for q in np.asarray(qs))
+
+
+def test_settled_rows_are_the_qubits_the_state_leaves_alone():
+    """Rows the apply kernel may skip from the start: those of qubits where the state's unitary is a
+    Pauli (untouched, X, or H twice), not those of entangled, rotated or swapped qubits."""
+    t = _tableau("H 0\nCX 0 1\nS 5\nX 7\nSWAP 8 9\nH 10\nH 10\nCZ 11 12", 40)
+    n = t.capacity
+    settled = np.asarray(T._settled(t))
+    assert np.array_equal(settled[:n], settled[n:])
+    assert np.flatnonzero(~settled[:n]).tolist() == [0, 1, 5, 8, 9, 11, 12]
