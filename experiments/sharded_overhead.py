@@ -9,8 +9,10 @@ dropping |c| < --min-abs-coeff, at a fixed capacity of 2^--log2-capacity slots. 
 
 Each variant runs in fresh processes (--rounds of them, the variants interleaved), and each process
 times its first call (compilation included, JAX's persistent compilation cache off unless --cache:
-`first_call_s`) and then --repeats warm calls (`warm_s`: each; the summary takes the best). The
-values must agree (the sharded path on one device applies the engine's own units). Results JSON to
+`first_call_s`) and then --repeats warm calls (`warm_s`: each; the summary takes the best). A third
+process a round runs both and takes their warm calls in turn (`alternating`: a load that drifts
+between processes, as on a shared CPU, hits both alike; the summary lists its ratios). The values
+must agree (the sharded path on one device applies the engine's own units). Results JSON to
 --out, or $OUT/sharded_overhead_<backend>.json when $OUT is set, else experiments/results/.
 
     python experiments/sharded_overhead.py                        # GPU: 2^20 slots, 20 steps
@@ -35,7 +37,7 @@ REPO_ROOT = HERE.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-VARIANTS = ("unsharded", "sharded")
+VARIANTS = ("unsharded", "sharded")  # each alone in fresh processes; "alternating": both in one process
 
 
 def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int, repeats: int) -> dict:
@@ -51,12 +53,23 @@ def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int
     capacity = 1 << log2
     trunc = pp.Truncation(max_terms=int(fill * capacity), min_abs_coeff=min_abs_coeff)
     circuit, obs = models.kicked_ising(steps, math.pi / 4), models.single_z(62)
-    if variant == "unsharded":
-        call = lambda: pp.expectation(circuit, obs, truncation=trunc, capacity=capacity, return_stats=True)
-    else:
-        mesh = sharded.default_mesh(jax.devices()[:1])
-        call = lambda: sharded.expectation(circuit, obs, truncation=trunc, capacity=capacity, mesh=mesh,
-                                           return_stats=True)
+    mesh = sharded.default_mesh(jax.devices()[:1])
+    calls = dict(unsharded=lambda: pp.expectation(circuit, obs, truncation=trunc, capacity=capacity, return_stats=True),
+                 sharded=lambda: sharded.expectation(circuit, obs, truncation=trunc, capacity=capacity, mesh=mesh,
+                                                     return_stats=True))
+    if variant == "alternating":  # both in one process, warm calls taken in turn (drifting load hits both)
+        values, warm = {}, {v: [] for v in calls}
+        for v, call in calls.items():
+            values[v] = float(jax.block_until_ready(call()[0]))
+        for _ in range(repeats):
+            for v, call in calls.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(call()[0])
+                warm[v].append(time.perf_counter() - t0)
+        return dict(variant=variant, log2_capacity=log2, steps=steps, values=values, warm_s=warm,
+                    ratio_of_best=min(warm["sharded"]) / min(warm["unsharded"]) if repeats else None,
+                    device=str(jax.devices()[0].device_kind), backend=jax.default_backend())
+    call = calls[variant]
     t0 = time.perf_counter()
     value, stats = call()
     value = float(jax.block_until_ready(value))
@@ -85,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes a variant (interleaved)")
     ap.add_argument("--timeout", type=float, default=560.0, help="seconds a process may take")
     ap.add_argument("--cache", action="store_true", help="keep JAX's persistent compilation cache on")
-    ap.add_argument("--child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=VARIANTS + ("alternating",), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -101,7 +114,7 @@ def main(argv=None):
         env["PAULIPROP_NO_CACHE"] = "1"
     records = []
     for r in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in VARIANTS + ("alternating",):
             cmd = [sys.executable, __file__, "--child", variant, "--log2-capacity", str(args.log2_capacity),
                    "--fill", str(args.fill), "--min-abs-coeff", str(args.min_abs_coeff), "--steps", str(args.steps),
                    "--repeats", str(args.repeats)]
@@ -121,7 +134,8 @@ def main(argv=None):
     if all(ok.values()):
         first = {v: statistics.median(rec["first_call_s"] for rec in ok[v]) for v in VARIANTS}
         warm = {v: min(min(rec["warm_s"]) for rec in ok[v]) if args.repeats else None for v in VARIANTS}
-        summary = dict(first_call_median_s=first, warm_best_s=warm,
+        alternating = [rec["ratio_of_best"] for rec in records if rec["variant"] == "alternating" and "warm_s" in rec]
+        summary = dict(first_call_median_s=first, warm_best_s=warm, alternating_warm_ratios=alternating,
                        first_call_ratio=first["sharded"] / first["unsharded"],
                        warm_ratio=warm["sharded"] / warm["unsharded"] if args.repeats else None,
                        values={v: sorted({rec["value"] for rec in ok[v]}) for v in VARIANTS},
