@@ -61,10 +61,17 @@ the default mesh spans them all, and every process calls `expectation` with the 
 (SPMD). The all-to-all and the sums then run over the network through XLA's collectives (NCCL on
 GPUs); there is no other transport. The overlap and the stats come back replicated on every host.
 
-Limits: the forward estimate only (no reverse mode: the engine's adjoint replays units on one
-buffer, not across an exchange; `expectation` raises under a jax transformation and points to
-pp.expectation); rotations run one unit each (no layers: engine.layer_unit's passes would each need
-an exchange); one parameter set a call (no batches). Memory a device: its shard and, on several
+Gradients: with traced params (jax.grad, jax.jit) `expectation` runs `run_static`: fixed shards and
+buckets, every unit in a scan of checkpointed segments (as engine._run_static), which JAX's own
+reverse mode differentiates through the all-to-alls and the cuts: the derivative of the estimator
+with its truncation decisions frozen, as pp.expectation's (the engine's adjoint, adjoint.py, replays
+units on one buffer and does not cross an exchange, so it is not used here). Nothing grows there: a
+unit that overflows a shard or a bucket is skipped on every shard, counted and warned about (a
+RuntimeWarning), as the unsharded traced path warns about its overflow cuts.
+
+Limits: rotations run one unit each (no layers: engine.layer_unit's passes would each need an
+exchange); one parameter set a call (no batches, no jax.vmap); derivatives in params only (the
+observable's coefficients must be concrete). Memory a device: its shard and, on several
 devices, the shard again (the buffer from before the unit, kept to undo a unit that overflowed
 somewhere) and 2 x D x bucket exchanged words (the default bucket, a shard's slots / D, makes that
 two shards' worth of words: a dense Clifford run moves nearly every word). Every unit's all-to-all
@@ -76,6 +83,7 @@ anticommuting words (merge.full_merge), a second sort beside the split's own.
 from __future__ import annotations
 
 import importlib
+import warnings
 from functools import partial
 from typing import NamedTuple
 
@@ -148,10 +156,12 @@ def _send(buf: _e.Buffer, devices: int, bucket: int, me):
     return buf, out, jnp.where(need > bucket, need, 0)
 
 
-def _exchange(out: Exchange, axis: str) -> Exchange:
+def _exchange(out: Exchange, axis: str, packed: bool = True) -> Exchange:
     """Bucket d of every device to device d: row j of the result came from device j. One all-to-all
     of the words, the coefficients' bits and the meta packed side by side, not three (each collective
     is a call into the runtime, every unit)."""
+    if not packed:  # the coefficients as floats, for JAX to differentiate (their bits would not be)
+        return Exchange(*(lax.all_to_all(a, axis, 0, 0) for a in out))
     lanes = out.words.shape[-1]
     bits = lax.bitcast_convert_type(out.coeffs, jnp.uint32)  # float64: (D, B, 2); float32: (D, B)
     bits = bits.reshape(out.coeffs.shape + (-1,))
@@ -321,7 +331,7 @@ def _unit(b: _e.Buffer, u, active, live, acts, T, params, limits: _t.Limits, cfg
                             acts=acts if cfg.skip_unmet else None)
     me = lax.axis_index(axis)
     b, out, need_bucket = _send(b, devices, bucket, me)
-    got = _exchange(out, axis)
+    got = _exchange(out, axis, packed=not cfg.static_loops)
     got_support = lax.reduce(jnp.where(_m.live_of(got.meta)[..., None], got.words, jnp.uint32(0)), jnp.uint32(0),
                              lax.bitwise_or, (0, 1))
     if spread:
@@ -383,6 +393,31 @@ def run(T: dict, buf: _e.Buffer, start, params, limits: _t.Limits, table, *, cfg
     return buf, Progress(u, need, need_bucket, terms, peak), value, lax.psum(buf.dropped, axis)
 
 
+def run_static(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, *, cfg: _e.Config, devices: int,
+               bucket: int, axis: str):
+    """Every unit from 1 on (padding ones are no-ops) in a scan of checkpointed segments, as
+    engine._run_static: JAX differentiates it (reverse mode holds O(sqrt(units)) shards). Nothing
+    grows: a unit that overflows a shard or a bucket anywhere is skipped on every shard and counted.
+    Returns (this shard's part of the overlap, its dropped 1-norms, the units that overflowed)."""
+    total = T["u_kind"].shape[0]
+    seg = 1 << ((total.bit_length() - 1 + 1) // 2)
+
+    def segment(carry, s):
+        def one(c, i):
+            b, live, acts, missed = c
+            u = s * seg + i
+            b, need, need_bucket, acts = _unit(b, u, (u >= 1) & (u < T["num_units"]), live, acts, T, params, limits,
+                                               cfg, devices, bucket, axis)
+            return (b, _count(b.live), acts, missed + ((need != 0) | (need_bucket != 0))), None
+
+        return lax.scan(one, carry, jnp.arange(seg))[0], None
+
+    acts = _e.support(buf) if cfg.skip_unmet else jnp.uint32(0)
+    (buf, _, _, missed), _ = lax.scan(jax.checkpoint(segment), (buf, _count(buf.live), acts, jnp.int32(0)),
+                                      jnp.arange(total // seg))
+    return _e.value(buf, table)[None], buf.dropped, missed
+
+
 def _shard_map(fn, mesh: Mesh, in_specs, out_specs):
     """jax.shard_map (jax >= 0.7; jax.experimental.shard_map before), the replication checks off."""
     if hasattr(jax, "shard_map"):
@@ -403,6 +438,16 @@ def program(cfg: _e.Config, mesh: Mesh, bucket: int, backend: str):
     mapped = _shard_map(fn, mesh, in_specs=(rep, by_slot, rep, rep, rep, rep),
                         out_specs=(by_slot, Progress(rep, rep, rep, rep, rep), rep, rep))
     return _prop._Jitted(mapped, _prop.compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+
+
+@_prop._one_program_per_key
+def static_program(cfg: _e.Config, mesh: Mesh, bucket: int):
+    """The jitted `run_static` over all shards of `mesh`: a function of (tables, buffer, params, limits,
+    overlap table) -> (each shard's part of the overlap (D,), dropped 1-norms (D*5,), overflowed units)."""
+    axis = mesh.axis_names[0]
+    fn = partial(run_static, cfg=cfg, devices=mesh.devices.size, bucket=bucket, axis=axis)
+    rep, by_slot = PartitionSpec(), PartitionSpec(axis)
+    return jax.jit(_shard_map(fn, mesh, in_specs=(rep, by_slot, rep, rep, rep), out_specs=(by_slot, by_slot, rep)))
 
 
 # ---- the driver --------------------------------------------------------------------------------------
@@ -520,13 +565,63 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     observable and truncation, times the devices). bucket: words each device can send to each other
     device after a unit (default: a shard's slots / D; doubled when a unit needs more).
     max_capacity: slots of all shards that growth may reach. Returns a jax scalar (and ShardedStats
-    with return_stats). Not differentiable and not traceable (it grows buffers between compiled
-    calls): under jax.grad, jit or vmap it raises TypeError; pp.expectation differentiates.
+    with return_stats). Differentiable in params (jax.grad, jax.jit): with traced params the shards
+    and buckets are fixed (capacity, else initial_capacity, else the default) and a unit that
+    overflows them is skipped with a RuntimeWarning (see the module docstring); return_stats is then
+    not available. Not under jax.vmap (one parameter set a call).
     """
+    if _prop._is_traced(params) and not _prop._is_traced(observable):
+        if return_stats:
+            raise ValueError("sharded.expectation under a jax transformation returns the value only "
+                             "(return_stats=False)")
+        return _traced(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket)
     _, stats, val = _drive(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket,
                            max_capacity)
     val = jnp.asarray(val)
     return (val, stats) if return_stats else val
+
+
+def _warn_missed(missed, overflow_norm):
+    if int(missed) or float(overflow_norm) > 0:
+        warnings.warn(f"pauliprop.sharded: under a jax transformation nothing grows: {int(missed)} unit(s) "
+                      f"overflowed a shard or a bucket and were skipped, and the shards' own cuts dropped a 1-norm of "
+                      f"{float(overflow_norm):.3g}; pass a larger capacity or bucket", RuntimeWarning, stacklevel=2)
+
+
+def _traced(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket):
+    """expectation with traced params (jax.grad, jit, vmap): fixed shards and buckets, every unit in a
+    static loop JAX differentiates (run_static); an overflow is skipped, counted and warned about."""
+    _prop._check_inputs(circuit, observable, params)
+    if jnp.ndim(params) != 1:
+        raise ValueError(f"sharded.expectation takes one parameter set (a 1-d params); got shape {jnp.shape(params)} "
+                         "(under jax.vmap, vmap pp.expectation instead)")
+    mesh = _check_mesh(mesh)
+    devices = mesh.devices.size
+    truncation = truncation or _t.NO_TRUNCATION
+    table = _prop._state_table(state, circuit.num_qubits, observable.num_lanes)
+    if capacity is not None or initial_capacity is not None:
+        per = _shard_slots(capacity if capacity is not None else initial_capacity, devices, "capacity")
+    else:
+        per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
+    bucket = _bucket(bucket, per, devices)
+    backend = jax.default_backend()
+    low = _prop.lowered(circuit, truncation, backend, layers=False)
+    dtype = jnp.result_type(float)
+    limits = truncation.limits(dtype)
+    with jax.ensure_compile_time_eval():  # the observable is concrete: its merge runs now, under jit too
+        merged, live = _prop._merged_observable(low, observable, truncation, limits, dtype, backend)
+        arrays, most = _distribute(merged, int(live), devices, per)
+    if arrays is None:
+        raise MemoryError(f"the observable's merged terms put {most} on one device, more than the {per} slots a device "
+                          "has; pass a larger capacity")
+    replicated = NamedSharding(mesh, PartitionSpec())
+    longest = int(max(low.units.count.max(initial=1), 1))
+    cfg = _prop._config(low, truncation, per, False, backend, merged=True)._replace(static_loops=longest)
+    parts, dropped, missed = static_program(cfg, mesh, bucket)(
+        _global(low.tables, replicated), _put(arrays, mesh), _prop._params_array(params, circuit.num_params, dtype),
+        *_global((limits, table), replicated))
+    jax.debug.callback(_warn_missed, missed, jnp.sum(dropped.reshape(devices, 5)[:, 4]))
+    return jnp.sum(parts)
 
 
 def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _t.Truncation | None = None,
@@ -540,13 +635,20 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
     return PauliSum(*_prop._as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits), stats
 
 
+def _bucket(bucket, per: int, devices: int) -> int:
+    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, np.integer)) or bucket < 1):
+        raise ValueError(f"bucket must be a positive int, got {bucket!r}")
+    # one device sends nothing: its buckets are a token
+    return int(bucket) if bucket is not None else (1 if devices == 1 else max(1, per // devices))
+
+
 def _drive(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket, max_capacity):
     """(sharded buffer, ShardedStats, value): the loop run, grown and resumed until it completes."""
     _prop._check_inputs(circuit, observable, params)
     if _prop._is_traced(params, observable):
-        raise TypeError("pauliprop.sharded.expectation is not differentiable and runs outside jax transformations "
-                        "(jit, grad, vmap): it grows its shards between compiled calls. For gradients use "
-                        "pp.expectation (one device), whose reverse mode is the engine's adjoint")
+        raise TypeError("pauliprop.sharded.propagate runs outside jax transformations (jit, grad, vmap), and "
+                        "sharded.expectation differentiates in params only (the observable's coefficients must be "
+                        "concrete); pp.expectation differentiates in both")
     if params is not None and np.ndim(params) != 1:
         raise ValueError(f"sharded.expectation takes one parameter set (a 1-d params); got shape {np.shape(params)}")
     mesh = _check_mesh(mesh)
@@ -560,10 +662,7 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
         per = _shard_slots(initial_capacity, devices, "initial_capacity")
     else:
         per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
-    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, (int, np.integer)) or bucket < 1):
-        raise ValueError(f"bucket must be a positive int, got {bucket!r}")
-    # one device sends nothing: its buckets are a token
-    bucket = int(bucket) if bucket is not None else (1 if devices == 1 else max(1, per // devices))
+    bucket = _bucket(bucket, per, devices)
     backend = jax.default_backend()
     low = _prop.lowered(circuit, truncation, backend, layers=False)
     dtype = jnp.result_type(float)
