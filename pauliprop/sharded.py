@@ -70,8 +70,8 @@ unit that overflows a shard or a bucket is skipped on every shard, counted and w
 RuntimeWarning), as the unsharded traced path warns about its overflow cuts.
 
 Limits: rotations run one unit each (no layers: engine.layer_unit's passes would each need an
-exchange); one parameter set a call (no batches, no jax.vmap); derivatives in params only (the
-observable's coefficients must be concrete). Memory a device: its shard and, on several
+exchange); one parameter set a call (a 2-d params is refused; jax.vmap runs, without the engine's
+shared branches); derivatives in params only (the observable's coefficients must be concrete). Memory a device: its shard and, on several
 devices, the shard again (the buffer from before the unit, kept to undo a unit that overflowed
 somewhere) and 2 x D x bucket exchanged words (the default bucket, a shard's slots / D, makes that
 two shards' worth of words: a dense Clifford run moves nearly every word). Every unit's all-to-all
@@ -568,7 +568,8 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     with return_stats). Differentiable in params (jax.grad, jax.jit): with traced params the shards
     and buckets are fixed (capacity, else initial_capacity, else the default) and a unit that
     overflows them is skipped with a RuntimeWarning (see the module docstring); return_stats is then
-    not available. Not under jax.vmap (one parameter set a call).
+    not available. params: one parameter set (1-d); jax.vmap over sets runs (every member takes
+    every branch: pp.expectation batches them better).
     """
     if _prop._is_traced(params) and not _prop._is_traced(observable):
         if return_stats:
