@@ -17,6 +17,7 @@ must agree (the sharded path on one device applies the engine's own units). Resu
 
     python experiments/sharded_overhead.py                        # GPU: 2^20 slots, 20 steps
     python experiments/sharded_overhead.py --log2-capacity 12 --steps 4 --rounds 1   # quick CPU check
+    python experiments/sharded_overhead.py --devices 2   # the sharded variant over two GPUs (a mesh of 2)
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ if str(REPO_ROOT) not in sys.path:
 VARIANTS = ("unsharded", "sharded")  # each alone in fresh processes; "alternating": both in one process
 
 
-def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int, repeats: int) -> dict:
+def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int, repeats: int,
+          devices: int = 1) -> dict:
     t_start = time.perf_counter()
     import jax
 
@@ -53,7 +55,7 @@ def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int
     capacity = 1 << log2
     trunc = pp.Truncation(max_terms=int(fill * capacity), min_abs_coeff=min_abs_coeff)
     circuit, obs = models.kicked_ising(steps, math.pi / 4), models.single_z(62)
-    mesh = sharded.default_mesh(jax.devices()[:1])
+    mesh = sharded.default_mesh(jax.devices()[:devices])
     calls = dict(unsharded=lambda: pp.expectation(circuit, obs, truncation=trunc, capacity=capacity, return_stats=True),
                  sharded=lambda: sharded.expectation(circuit, obs, truncation=trunc, capacity=capacity, mesh=mesh,
                                                      return_stats=True))
@@ -66,7 +68,7 @@ def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int
                 t0 = time.perf_counter()
                 jax.block_until_ready(call()[0])
                 warm[v].append(time.perf_counter() - t0)
-        return dict(variant=variant, log2_capacity=log2, steps=steps, values=values, warm_s=warm,
+        return dict(variant=variant, log2_capacity=log2, steps=steps, devices=devices, values=values, warm_s=warm,
                     ratio_of_best=min(warm["sharded"]) / min(warm["unsharded"]) if repeats else None,
                     device=str(jax.devices()[0].device_kind), backend=jax.default_backend())
     call = calls[variant]
@@ -82,7 +84,8 @@ def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int
         warm.append(time.perf_counter() - t0)
         assert float(v) == value, (float(v), value)
     return dict(variant=variant, log2_capacity=log2, capacity=capacity, max_terms=trunc.max_terms,
-                min_abs_coeff=min_abs_coeff, steps=steps, value=value, first_call_s=first,
+                min_abs_coeff=min_abs_coeff, steps=steps, devices=devices if variant == "sharded" else 1, value=value,
+                first_call_s=first,
                 process_to_value_s=time.perf_counter() - t_start - sum(warm), warm_s=warm,
                 peak_terms=int(stats.max_terms_seen), dropped_norm=[float(x) for x in np.asarray(stats.dropped_norm)],
                 device=str(jax.devices()[0].device_kind), backend=jax.default_backend())
@@ -98,12 +101,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes a variant (interleaved)")
     ap.add_argument("--timeout", type=float, default=560.0, help="seconds a process may take")
     ap.add_argument("--cache", action="store_true", help="keep JAX's persistent compilation cache on")
+    ap.add_argument("--devices", type=int, default=1, help="devices of the sharded variant's mesh")
     ap.add_argument("--child", choices=VARIANTS + ("alternating",), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.log2_capacity, args.fill, args.min_abs_coeff, args.steps,
-                               args.repeats)))
+                               args.repeats, args.devices)))
         return
     import benchtools
 
@@ -117,7 +121,7 @@ def main(argv=None):
         for variant in VARIANTS + ("alternating",):
             cmd = [sys.executable, __file__, "--child", variant, "--log2-capacity", str(args.log2_capacity),
                    "--fill", str(args.fill), "--min-abs-coeff", str(args.min_abs_coeff), "--steps", str(args.steps),
-                   "--repeats", str(args.repeats)]
+                   "--repeats", str(args.repeats), "--devices", str(args.devices)]
             t0 = time.perf_counter()
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -139,7 +143,9 @@ def main(argv=None):
                        first_call_ratio=first["sharded"] / first["unsharded"],
                        warm_ratio=warm["sharded"] / warm["unsharded"] if args.repeats else None,
                        values={v: sorted({rec["value"] for rec in ok[v]}) for v in VARIANTS},
-                       same_value=len({rec["value"] for v in VARIANTS for rec in ok[v]}) == 1)
+                       same_value=len({rec["value"] for v in VARIANTS for rec in ok[v]}) == 1,
+                       largest_value_difference=max(abs(a["value"] - b["value"]) for a in ok["sharded"]
+                                                    for b in ok["unsharded"]))
         print(json.dumps(summary), flush=True)
     import jax
 
