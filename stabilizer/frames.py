@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from . import frame_kernel, kernels
-from .program import CORRELATED, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from .program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
 
 
 class Frames(NamedTuple):
