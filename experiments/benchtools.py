@@ -82,6 +82,25 @@ def write_result(result: dict, out: Path | None, name: str, backend: str) -> Pat
     return out
 
 
+def child_record(cmd: list[str], timeout: float, env: dict, stderr_chars: int, **identity) -> dict:
+    """Run a benchmark's child process and return the JSON object on the last line of its output that
+    starts with "{"; if it fails or times out, a record of that (with `identity`, the tail of stderr).
+    `process_s` is the child's wall time either way."""
+    import subprocess
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        record = json.loads(lines[-1]) if done.returncode == 0 and lines else dict(
+            identity, status="failed", returncode=done.returncode, stderr=done.stderr[-stderr_chars:])
+    except subprocess.TimeoutExpired:
+        record = dict(identity, status="timed out", timeout_s=timeout)
+    record["process_s"] = time.perf_counter() - t0
+    return record
+
+
 def git_state() -> dict:
     """The checkout's commit and the files that differ from it (results of a dirty tree say so)."""
     import subprocess

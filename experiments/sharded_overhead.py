@@ -27,7 +27,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,15 +121,8 @@ def main(argv=None):
             cmd = [sys.executable, __file__, "--child", variant, "--log2-capacity", str(args.log2_capacity),
                    "--fill", str(args.fill), "--min-abs-coeff", str(args.min_abs_coeff), "--steps", str(args.steps),
                    "--repeats", str(args.repeats), "--devices", str(args.devices)]
-            t0 = time.perf_counter()
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-                lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-                record = json.loads(lines[-1]) if done.returncode == 0 and lines else dict(
-                    variant=variant, status="failed", returncode=done.returncode, stderr=done.stderr[-3000:])
-            except subprocess.TimeoutExpired:
-                record = dict(variant=variant, status="timed out", timeout_s=args.timeout)
-            record["round"], record["process_s"] = r, time.perf_counter() - t0
+            record = benchtools.child_record(cmd, args.timeout, env, 3000, variant=variant)
+            record["round"] = r
             records.append(record)
             print(json.dumps(record), flush=True)
     ok = {v: [rec for rec in records if rec["variant"] == v and "value" in rec] for v in VARIANTS}

@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,17 +72,9 @@ def main(argv=None):
     for log2 in (int(k) for k in args.capacities.split(",")):
         cmd = [sys.executable, __file__, "--child", str(log2), "--fill", str(args.fill),
                "--min-abs-coeff", str(args.min_abs_coeff), "--steps", str(args.steps)]
-        t0 = time.perf_counter()
-        try:
-            # JAX takes 75% of a GPU's memory by default: let the run have nearly all of it
-            env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95", **os.environ}
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            record = json.loads(lines[-1]) if done.returncode == 0 and lines else dict(
-                log2_capacity=log2, status="failed", returncode=done.returncode, stderr=done.stderr[-2000:])
-        except subprocess.TimeoutExpired:
-            record = dict(log2_capacity=log2, status="timed out", timeout_s=args.timeout)
-        record["process_s"] = time.perf_counter() - t0
+        # JAX takes 75% of a GPU's memory by default: let the run have nearly all of it
+        env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95", **os.environ}
+        record = benchtools.child_record(cmd, args.timeout, env, 2000, log2_capacity=log2)
         records.append(record)
         print(json.dumps(record), flush=True)
         if record.get("status"):  # a larger capacity will not do better
