@@ -589,6 +589,39 @@ def _warn_missed(missed, overflow_norm):
                       f"{float(overflow_norm):.3g}; pass a larger capacity or bucket", RuntimeWarning, stacklevel=2)
 
 
+class _Setup(NamedTuple):
+    mesh: Mesh
+    devices: int
+    truncation: _t.Truncation
+    table: np.ndarray  # the state's overlap table
+    per: int  # slots a device
+    bucket: int
+    backend: str
+    low: "_prop.Lowered"
+    dtype: jnp.dtype
+    limits: _t.Limits
+
+
+def _setup(circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket) -> _Setup:
+    """What both drivers start from: the mesh, the slots a device (from capacity, else
+    initial_capacity, else the observable's default capacity), the buckets, the lowered circuit and
+    the truncation's limits in the coefficients' dtype."""
+    mesh = _check_mesh(mesh)
+    devices = mesh.devices.size
+    truncation = truncation or _t.NO_TRUNCATION
+    table = _prop._state_table(state, circuit.num_qubits, observable.num_lanes)
+    if capacity is not None:
+        per = _shard_slots(capacity, devices, "capacity")
+    elif initial_capacity is not None:
+        per = _shard_slots(initial_capacity, devices, "initial_capacity")
+    else:
+        per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
+    backend = jax.default_backend()
+    dtype = jnp.result_type(float)
+    return _Setup(mesh, devices, truncation, table, per, _bucket(bucket, per, devices), backend,
+                  _prop.lowered(circuit, truncation, backend, layers=False), dtype, truncation.limits(dtype))
+
+
 def _traced(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket):
     """expectation with traced params (jax.grad, jit, vmap): fixed shards and buckets, every unit in a
     static loop JAX differentiates (run_static); an overflow is skipped, counted and warned about."""
@@ -596,19 +629,8 @@ def _traced(circuit, observable, params, state, truncation, mesh, capacity, init
     if jnp.ndim(params) != 1:
         raise ValueError(f"sharded.expectation takes one parameter set (a 1-d params); got shape {jnp.shape(params)} "
                          "(under jax.vmap, vmap pp.expectation instead)")
-    mesh = _check_mesh(mesh)
-    devices = mesh.devices.size
-    truncation = truncation or _t.NO_TRUNCATION
-    table = _prop._state_table(state, circuit.num_qubits, observable.num_lanes)
-    if capacity is not None or initial_capacity is not None:
-        per = _shard_slots(capacity if capacity is not None else initial_capacity, devices, "capacity")
-    else:
-        per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
-    bucket = _bucket(bucket, per, devices)
-    backend = jax.default_backend()
-    low = _prop.lowered(circuit, truncation, backend, layers=False)
-    dtype = jnp.result_type(float)
-    limits = truncation.limits(dtype)
+    mesh, devices, truncation, table, per, bucket, backend, low, dtype, limits = _setup(
+        circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket)
     with jax.ensure_compile_time_eval():  # the observable is concrete: its merge runs now, under jit too
         merged, live = _prop._merged_observable(low, observable, truncation, limits, dtype, backend)
         arrays, most = _distribute(merged, int(live), devices, per)
@@ -652,23 +674,10 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
                         "concrete); pp.expectation differentiates in both")
     if params is not None and np.ndim(params) != 1:
         raise ValueError(f"sharded.expectation takes one parameter set (a 1-d params); got shape {np.shape(params)}")
-    mesh = _check_mesh(mesh)
-    devices = mesh.devices.size
-    truncation = truncation or _t.NO_TRUNCATION
-    table = _prop._state_table(state, circuit.num_qubits, observable.num_lanes)
+    mesh, devices, truncation, table, per, bucket, backend, low, dtype, limits = _setup(
+        circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket)
     fixed = capacity is not None
-    if fixed:
-        per = _shard_slots(capacity, devices, "capacity")
-    elif initial_capacity is not None:
-        per = _shard_slots(initial_capacity, devices, "initial_capacity")
-    else:
-        per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
-    bucket = _bucket(bucket, per, devices)
-    backend = jax.default_backend()
-    low = _prop.lowered(circuit, truncation, backend, layers=False)
-    dtype = jnp.result_type(float)
     p = _prop._params_array(params, circuit.num_params, dtype)
-    limits = truncation.limits(dtype)
     assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
     merged, live = _prop._merged_observable(low, observable, truncation, limits, dtype, backend)
     live = int(live)
