@@ -7,17 +7,11 @@ shards) equal the engine's adjoint ones, and bad meshes and inputs name the caus
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from ._devices import forced_devices_result
 
 SCRIPT = textwrap.dedent("""
     import json, math, os
@@ -147,23 +141,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    # one run for the session: pytest-xdist workers that get tests of this module share it (a lock and
-    # a file in the session's temporary folder), instead of each running the minute-long script
-    folder = tmp_path_factory.getbasetemp()
-    folder = folder.parent if os.environ.get("PYTEST_XDIST_WORKER") else folder
-    path = folder / "test_sharded_result.json"
-    with open(folder / "test_sharded.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                       JAX_PLATFORMS="cpu")
-            proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-            path.write_text(line[len("RESULT "):])
-        out = json.loads(path.read_text())
-    assert out["devices"] == 4, "forcing 4 host devices did not take"
-    return out
+    return forced_devices_result(SCRIPT, "test_sharded", tmp_path_factory)
 
 
 def test_untruncated_terms_and_values_equal_the_single_device_ones(result):

@@ -4,16 +4,11 @@ equal the single-device simulation, fused or not, and bad meshes name the cause.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from ._devices import forced_devices_result
 
 SCRIPT = textwrap.dedent("""
     import json, os
@@ -77,14 +72,8 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def result():
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
-    assert out["devices"] == 4, "forcing 4 host devices did not take"
-    return out
+def result(tmp_path_factory):
+    return forced_devices_result(SCRIPT, "test_sharding", tmp_path_factory)
 
 
 def test_sharded_amplitudes_equal_the_single_device_ones_fused_or_not(result):
