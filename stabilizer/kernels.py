@@ -208,9 +208,14 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 
 PLAN_WARPS = 16  # on an H100 (synthetic 32 x 384-word rows): 16 warps 295 us, 8 328 us, 4 632 us
 PACKED_COUNTS_BITS = 1 << 15  # rows of fewer bits: the plan packs two counts of a row's bits in one int32
+# The apply's shape, from a sweep of measure-all at 10,000 qubits on an H100 (2026-11-26, apply kernel ms
+# over 313 blocks; rows, words, stages): 32, 8, 1: 49.2; 16, 32, 2: 37.0; 8, 32, 2: 34.7; 8, 64, 2: 47.6;
+# 16, 64, 2: 52.8; 8 warps instead of 4: 0-5 ms slower. Small row blocks of wide word passes, the next
+# words loaded while the current ones are used.
 APPLY_WARPS = 4
-APPLY_ROWS = 32  # rows an apply program owns
-APPLY_WORDS = 8  # words an apply program's passes load at a time (rows x words x 32 accumulators)
+APPLY_ROWS = 8  # rows an apply program owns
+APPLY_WORDS = 32  # words an apply program's passes load at a time (rows x words x 32 accumulators)
+APPLY_STAGES = 2  # Triton's software pipelining of the passes' loads
 
 
 def _pick(mask, values, axis=None):
@@ -447,6 +452,6 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, interpret: bool = F
         out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype), jax.ShapeDtypeStruct(zs.shape, zs.dtype),
                    jax.ShapeDtypeStruct((r,), jnp.int32)),
         input_output_aliases={6: 0, 7: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=APPLY_WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=APPLY_WARPS, num_stages=APPLY_STAGES),
         interpret=interpret,
     )(steps, kp, kext, tables, pmask, skip, xs, zs)

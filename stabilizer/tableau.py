@@ -422,23 +422,22 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     last = k + pad - 1 if kernel_path else jnp.max(jnp.where(active, jnp.arange(k + pad), -1))
 
     def block(i, carry):
-        t, outcomes, settled = carry
+        t, outcomes = carry
         part = lambda a: lax.dynamic_slice_in_dim(a, i * b, b)
         rows = n + part(qubits)
         plan = _plan_block(Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), part(active), part(guesses), kernel)
         if kernel_path:  # always applied: a conditional around a kernel waits for the host every block.
-            # A row made +-Z_p by a random collapse stays so (later fan-outs avoid p, which their rows
-            # commute with): the kernel skips blocks of such rows (measure-all: a growing share)
-            skip = jnp.all(settled.reshape(-1, kernels.APPLY_ROWS), axis=1) | ~jnp.any(plan.random)
-            skip = skip.astype(jnp.int32)
+            # (A measured row is not settled once collapsed: it is Z at its pivot times Zs elsewhere, and
+            # later fan-outs change its z bits at their pivots.)
+            skip = (settled_blocks | ~jnp.any(plan.random)).astype(jnp.int32)
             t = _apply_block(t, plan, kernel, skip)
-            settled = settled.at[rows].set(settled[rows] | plan.random)
         else:
             t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
-        return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0), settled
+        return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
 
-    settled = _settled(t) if kernel_path else jnp.zeros(t.xs.shape[0], bool)
-    t, outcomes, _ = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool), settled))
+    # blocks of rows no collapse of this op reads or changes (the kernel skips them)
+    settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1) if kernel_path else None
+    t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool)))
     return t, outcomes[:k]
 
 

@@ -176,6 +176,32 @@ def test_plan_and_apply_kernels_equal_the_pure_rules(n, seed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 8]), st.sampled_from([4, 40, 256]))
+def test_plan_kernel_equals_the_pure_rule_on_any_rows(seed, words, span):
+    """Any rows, not only a state's: x bits in the first `span` columns (few columns make pivots recur
+    and rows run out of x: deterministic outcomes), inactive slots, rows of one to several words
+    (three: padded for the program). The kernel's pivots, fan-out masks, flags and outcomes equal the
+    pure rule's (use_yz only where the collapse is random)."""
+    rng = np.random.default_rng(seed)
+    b = T.MEASURE_BLOCK
+    bits = np.zeros((b, 32 * words), np.uint8)
+    span = min(span, 32 * words)
+    bits[:, :span] = rng.random((b, span)) < rng.uniform(0.05, 0.6)
+    bits[rng.random(b) < 0.1] = 0  # rows with no x: determined from the start
+    pack = lambda a: jnp.asarray(np.packbits(a, axis=1, bitorder="little").view(np.uint32))
+    xs, zs = pack(bits), pack(rng.random((b, 32 * words)) < 0.5)
+    rows = T.Tableau(xs, zs, jnp.asarray(rng.random(b) < 0.5))
+    active, guesses = jnp.asarray(rng.random(b) < 0.85), jnp.asarray(rng.random(b) < 0.5)
+    want = T._plan_block(rows, active, guesses, "jax")
+    got = T._plan_block(rows, active, guesses, KERNEL)
+    random = np.asarray(want.random)
+    for name, a, b_ in zip(want._fields, want, got):
+        a, b_ = np.asarray(a), np.asarray(b_)
+        np.testing.assert_array_equal(a[random] if name == "use_yz" else a, b_[random] if name == "use_yz" else b_,
+                                      err_msg=name)
+
+
 def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
     """Rows too wide to pack two bit counts in one int32 take two sums: forced here on narrow rows (the
     kernel traced afresh, outside jit), the plan still equals the pure rule."""
@@ -210,10 +236,10 @@ def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_measure_all_in_order_skips_settled_rows_and_equals_one_collapse_at_a_time():
-    """Every qubit measured in order, the first 32 in |+> (all random: after the first block their rows
-    are +-Z at their pivots, and the apply kernel skips that block of rows from then on), the rest
-    entangled: the outcomes and tableau of `measure_z` one qubit at a time."""
+def test_measure_all_in_order_of_a_partly_product_state_equals_one_collapse_at_a_time():
+    """Every qubit measured in order, the first 32 in |+> (all random, each row ends as +-Z at its
+    pivot), the rest entangled, in a tableau with room for twice the qubits (the apply kernel skips the
+    rows of the unused ones): the outcomes and tableau of `measure_z` one qubit at a time."""
     from .test_measure_many import _state_text, _tableau
 
     rng = np.random.default_rng(12)
@@ -227,6 +253,28 @@ def test_measure_all_in_order_skips_settled_rows_and_equals_one_collapse_at_a_ti
     got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.arange(n, dtype=jnp.int32),
                                      jnp.ones(n, bool), jnp.asarray(guesses), kernel=KERNEL)
     assert [bool(o) for o in np.asarray(outcomes)] == outs and outs[:32] == guesses[:32].tolist()
+    for a, b in zip(got, seq):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_measure_all_of_an_entangled_state_keeps_every_measured_row_up_to_date():
+    """Every qubit of a random entangled state measured in order (all random): a row that a collapse
+    made Z at its pivot still carries Zs elsewhere, and later fan-outs change its z bits at their
+    pivots. The tableau equals that of `measure_z` one qubit at a time (an earlier rule skipped such
+    rows as settled and left 22 of them stale here)."""
+    from .test_measure_many import _state_text, _tableau
+
+    rng = np.random.default_rng(21)
+    n = 64
+    t = _tableau(_state_text(n, rng, 20), n)
+    guesses = rng.random(n) < 0.5
+    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
+    for q, g in enumerate(guesses):
+        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
+        outs.append(bool(r))
+    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.arange(n, dtype=jnp.int32),
+                                     jnp.ones(n, bool), jnp.asarray(guesses), kernel=KERNEL)
+    assert [bool(o) for o in np.asarray(outcomes)] == outs
     for a, b in zip(got, seq):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
