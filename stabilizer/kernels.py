@@ -9,10 +9,11 @@
 * `collapse_rows`: the elimination step of a random measurement (a CX fan-out from the pivot appended
   to every row): each program streams a block of rows, carrying the prefix parity from word block
   to word block, and rewrites their x words in place.
-* `plan_rows` and `apply_rows`: a block of measurements (tableau.py's MEASURE_BLOCK section) as two
-  launches instead of XLA loops of small kernels: the plan collapses the measured rows one after
-  another in one program; the apply replays the block's collapses on every row, a block of rows a
-  program.
+* `plan_rows` and `apply_rows`: blocks of measurements (tableau.py's MEASURE_BLOCK section) instead
+  of XLA loops of small kernels: the plan collapses the measured rows one after another in one
+  program; the apply replays the block's collapses on every row, a block of rows a program, and its
+  program 0 can plan the next block meanwhile (one launch a block: the plan, one long program on one
+  SM, hides behind the apply).
 
 The pure-JAX versions (`stabilizer.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
@@ -201,21 +202,24 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 
 # ---- tableau: many Z measurements in blocks (the rules tableau._plan_block and tableau._apply_block) ----
 #
-# A block of MEASURE_BLOCK measurements is two launches: the plan (one program holding the measured
-# rows, collapsing them one after another in registers) and the apply (a program a block of rows:
-# each row's bits at the pivots and its fan-out parities, the collapses replayed on those words, then
-# the fan-outs XORed into its x words). Both replace XLA loops of many small kernels a step.
+# A block of MEASURE_BLOCK measurements has a plan (one program holding the measured rows, collapsing
+# them one after another in registers) and an apply (a program a block of rows: each row's bits at the
+# pivots and its fan-out parities, the collapses replayed on those words, then the fan-outs XORed into
+# its x words). A MEASURE op runs the first plan alone, then one launch a block: the apply, whose
+# program 0 applies the block to a copy of the next block's measured rows and plans that block.
 
 PLAN_WARPS = 16  # on an H100 (synthetic 32 x 384-word rows): 16 warps 295 us, 8 328 us, 4 632 us
 PACKED_COUNTS_BITS = 1 << 15  # rows of fewer bits: the plan packs two counts of a row's bits in one int32
-# The apply's shape, from a sweep of measure-all at 10,000 qubits on an H100 (2026-11-26, apply kernel ms
-# over 313 blocks; rows, words, stages): 32, 8, 1: 49.2; 16, 32, 2: 37.0; 8, 32, 2: 34.7; 8, 64, 2: 47.6;
-# 16, 64, 2: 52.8; 8 warps instead of 4: 0-5 ms slower. Small row blocks of wide word passes, the next
-# words loaded while the current ones are used.
-APPLY_WARPS = 4
-APPLY_ROWS = 8  # rows an apply program owns
+# The apply's shape, from sweeps of measure-all at 10,000 qubits on an H100 (2026-11-26; every block's
+# apply launch also planning the next block, ms for the whole measurement; rows, words, warps): 32, 32,
+# 16: 65.0; 32, 32, 8: 71.9; 32, 32, 32: 77.1; 16, 32, 8: 92.2; 8, 32, 8: 123; 32, 64, 16: 87.5;
+# 16, 64, 16: 79.5; three pipeline stages as two. 64 rows a program (without the lookahead) gave wrong
+# rows on the GPU, cause not found: a shape is trusted once the kernel tests pass on a GPU with it.
+APPLY_WARPS = 4  # an apply launch alone (the last block of a MEASURE op)
+APPLY_ROWS = 32  # rows an apply program owns
 APPLY_WORDS = 32  # words an apply program's passes load at a time (rows x words x 32 accumulators)
 APPLY_STAGES = 2  # Triton's software pipelining of the passes' loads
+LOOKAHEAD_WARPS = 16  # an apply launch that also plans the next block (one num_warps for both parts)
 
 
 def _pick(mask, values, axis=None):
@@ -224,8 +228,8 @@ def _pick(mask, values, axis=None):
     return jnp.sum(jnp.where(mask, values, jnp.zeros_like(values)), axis=axis, dtype=values.dtype)
 
 
-def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *,
-                 packed_counts):
+def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts):
+    """The plan (see plan_rows) of the rows xs_ref, zs_ref (b, W), their signs `signs` (b,) int32."""
     b, w = xs_ref.shape
     row = jnp.arange(b, dtype=jnp.int32)
     col = jnp.arange(w, dtype=jnp.int32)
@@ -288,15 +292,25 @@ def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, 
 
     @pl.when(busy)
     def _():
-        _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (xs_ref[...], zs_ref[...], signs_ref[...], zeros, zeros))
+        _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (xs_ref[...], zs_ref[...], signs, zeros, zeros))
         pivot_ref[...] = pivots
         flags_ref[...] = flags
 
     @pl.when(jnp.logical_not(busy))  # a block of padding slots: nothing collapses
     def _():
         pivot_ref[...] = zeros
-        flags_ref[...] = signs_ref[...] << 3
+        flags_ref[...] = signs << 3
         kmask_ref[...] = jnp.zeros(kmask_ref.shape, jnp.uint32)
+
+
+def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts):
+    _plan_program(xs_ref, zs_ref, signs_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref,
+                  packed_counts=packed_counts)
+
+
+def plan_width(words: int) -> int:
+    """Words of a row as the plan's program holds it: a power of two (Triton's blocks)."""
+    return 1 << max(0, (words - 1).bit_length())
 
 
 @partial(jax.jit, static_argnames=("interpret",))
@@ -306,7 +320,7 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
     Returns (pivot (b,) int32, kmask (b, W) uint32, flags (b,) int32: bit 0 random, 1 use_yz,
     2 fix, 3 outcome). Rows are padded to a power of two words for the program (zero words)."""
     b, w = xs.shape
-    wp = 1 << max(0, (w - 1).bit_length())
+    wp = plan_width(w)
     pad = lambda a: jnp.pad(a, ((0, 0), (0, wp - w)))
     pivot, kmask, flags = pl.pallas_call(
         partial(_plan_kernel, packed_counts=32 * wp < PACKED_COUNTS_BITS),
@@ -343,21 +357,48 @@ def replay_collapse(x, z, controls, phase, j, zk_bit, s, on, use_yz, fix, kp):
     return x, z, controls, phase + jnp.where(on, d, 0)
 
 
-def _apply_kernel(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, xs_in, zs_in, xs_ref, zs_ref, flip_ref,
-                  *, b, nb, bw):
-    del xs_in, zs_in  # aliased with xs_ref, zs_ref
-    program = pl.program_id(0)
-    r0 = program * APPLY_ROWS
-    block = pl.ds(r0, APPLY_ROWS)
+def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
+    """Programs of APPLY_ROWS rows apply the block (skipping those `skip` names). With `lookahead`,
+    program 0 instead applies it to the next block's measured rows (a copy taken before this launch)
+    and then plans that block on them (_plan_program), while the others apply: the next plan costs
+    no launch of its own and overlaps this one's apply."""
+    if lookahead:
+        (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, signs_ref, active_ref, guesses_ref, _, _, _, _,
+         xs_ref, zs_ref, flip_ref, nx_ref, nz_ref, nflip_ref, pivot_ref, kmask_ref, flags_ref) = refs
+    else:
+        steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, _, _, xs_ref, zs_ref, flip_ref = refs
+    apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, b=b, nb=nb, bw=bw)
 
-    @pl.when(skip_ref[program] != 0)  # rows the block's collapses leave as they are
-    def _():
-        flip_ref[block] = jnp.zeros(APPLY_ROWS, jnp.int32)
+    def rows_block(program):
+        r0 = program * APPLY_ROWS
 
-    @pl.when(skip_ref[program] == 0)
+        @pl.when(skip_ref[program] != 0)  # rows the block's collapses leave as they are
+        def _():
+            flip_ref[pl.ds(r0, APPLY_ROWS)] = jnp.zeros(APPLY_ROWS, jnp.int32)
+
+        @pl.when(skip_ref[program] == 0)
+        def _():
+            apply(xs_ref, zs_ref, flip_ref, r0)
+
+    program = pl.program_id(0)  # read here: the interpreter knows it only outside conditionals
+    if not lookahead:
+        rows_block(program)
+        return
+
+    @pl.when(program == 0)
     def _():
-        _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, b=b, nb=nb,
-                       bw=bw)
+        def next_rows(k, carry):
+            apply(nx_ref, nz_ref, nflip_ref, k * APPLY_ROWS)
+            return carry
+
+        lax.fori_loop(0, nx_ref.shape[0] // APPLY_ROWS, next_rows, 0)
+        sync()  # the plan reads rows other threads wrote
+        _plan_program(nx_ref, nz_ref, signs_ref[...] ^ nflip_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref,
+                      flags_ref, packed_counts=packed_counts)
+
+    @pl.when(program > 0)
+    def _():
+        rows_block(program - 1)
 
 
 def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, *, b, nb, bw):
@@ -432,26 +473,51 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, z
 
 
 @partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1))
-def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, interpret: bool = False):
+def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, lookahead=None, interpret: bool = False):
     """tableau._apply_block's collapses on every row, xs and zs updated in place: each row's bits at
     the pivots, its fan-out parities, the b collapses replayed on those words, the fan-outs (kext (b,
     W), off the pivot columns pmask (W,)) XORed into its x words by its controls, the pivots' new bits.
     steps (5, b) int32: pivot word, shift, first (the distinct pivots), slot, flags (bit 0 random,
     1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns as slot bits; tables (b / 8 * 256,
     W): row 256 g + v the XOR of the fan-outs 8 g + i for the set bits i of v (M4RI's lookup); skip
-    (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged (rows made +-Z
-    by an earlier collapse), which are not read. Returns (xs, zs, flip (R,) int32: 1 where the
-    row's sign flips)."""
+    (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged, which are not
+    read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign flips).
+
+    lookahead: the next block's measured rows as they are before this apply, (xs, zs) (b', plan_width(W))
+    uint32 and (signs, active, guesses) (b',) int32 as plan_rows takes them: the same launch also
+    plans that block on them after this apply, and returns (xs, zs, flip, (pivot, kmask, flags)) as
+    plan_rows does."""
     r, w = xs.shape
     b, bw = kext.shape[0], min(w, APPLY_WORDS)
     if r % APPLY_ROWS or block_words(w) is None:
         raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
-    return pl.pallas_call(
-        partial(_apply_kernel, b=b, nb=w // bw, bw=bw),
-        grid=(r // APPLY_ROWS,),
-        out_shape=(jax.ShapeDtypeStruct(xs.shape, xs.dtype), jax.ShapeDtypeStruct(zs.shape, zs.dtype),
-                   jax.ShapeDtypeStruct((r,), jnp.int32)),
-        input_output_aliases={6: 0, 7: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=APPLY_WARPS, num_stages=APPLY_STAGES),
+    out_shape = [jax.ShapeDtypeStruct(xs.shape, xs.dtype), jax.ShapeDtypeStruct(zs.shape, zs.dtype),
+                 jax.ShapeDtypeStruct((r,), jnp.int32)]
+    args, aliases, extra = [steps, kp, kext, tables, pmask, skip], {6: 0, 7: 1}, 0
+    packed, warps = False, APPLY_WARPS
+    if lookahead is not None:
+        nx, nz, signs, active, guesses = lookahead
+        nb_, wp = nx.shape
+        if nb_ % APPLY_ROWS:
+            raise ValueError(f"the next block's {nb_} rows are not a multiple of APPLY_ROWS = {APPLY_ROWS}")
+        args += [signs, active, guesses]
+        aliases = {9: 0, 10: 1, 11: 3, 12: 4}
+        out_shape += [jax.ShapeDtypeStruct(nx.shape, nx.dtype), jax.ShapeDtypeStruct(nz.shape, nz.dtype),
+                      jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_,), jnp.int32),
+                      jax.ShapeDtypeStruct((nb_, wp), jnp.uint32), jax.ShapeDtypeStruct((nb_,), jnp.int32)]
+        packed, warps, extra = 32 * wp < PACKED_COUNTS_BITS, LOOKAHEAD_WARPS, 1
+    args += [xs, zs] + ([nx, nz] if lookahead is not None else [])
+    sync = (lambda: None) if interpret else plgpu.debug_barrier
+    out = pl.pallas_call(
+        partial(_apply_kernel, b=b, nb=w // bw, bw=bw, lookahead=lookahead is not None, packed_counts=packed,
+                sync=sync),
+        grid=(extra + r // APPLY_ROWS,),
+        out_shape=tuple(out_shape),
+        input_output_aliases=aliases,
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=APPLY_STAGES),
         interpret=interpret,
-    )(steps, kp, kext, tables, pmask, skip, xs, zs)
+    )(*args)
+    if lookahead is None:
+        return out
+    xs, zs, flip, _, _, _, pivot, kmask, flags = out
+    return xs, zs, flip, (pivot, kmask[:, :w], flags)

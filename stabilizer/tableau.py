@@ -279,7 +279,9 @@ def peek_z(t: Tableau, q):
 #    of the pivots' H, H_YZ and X), all read from the pivot words.
 #
 # The result is bit for bit the tableau of the sequential rule with the same random outcomes. On GPUs
-# both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows), checked against these rules.
+# both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows), checked against these rules;
+# there a block's apply launch also plans the next block (`_apply_and_plan`), so the plan's one long
+# program runs beside the apply's many instead of after them.
 
 MEASURE_BLOCK = 32  # targets planned together: a row's bits at their pivots fill one uint32
 # a MEASURE op runs in blocks when its table has room for a block (MEASURE_BLOCK slots or more) and at
@@ -309,6 +311,12 @@ class _Plan(NamedTuple):
     outcome: jax.Array  # (b,) bool
 
 
+def _plan_from_kernel(pivot, kmask, flags) -> _Plan:
+    """A plan as kernels.plan_rows returns it (flags: bit 0 random, 1 use_yz, 2 fix, 3 outcome)."""
+    bit = lambda i: (flags >> i) & 1 == 1
+    return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
+
+
 def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
     """Step 1: collapse the measured rows (rows (b, W): row j is T(Z_q_j)) in order. kernel: as in
     `prepend` (the Pallas plan is one program; its use_yz is not this rule's where not random)."""
@@ -316,10 +324,8 @@ def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
     mode = kernels.kernel_mode(kernel, w)
     if mode != "jax":
         as_int = lambda v: v.astype(jnp.int32)
-        pivot, kmask, flags = kernels.plan_rows(rows.xs, rows.zs, as_int(rows.signs), as_int(active), as_int(guesses),
-                                                interpret=mode == "interpret")
-        bit = lambda i: (flags >> i) & 1 == 1
-        return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
+        return _plan_from_kernel(*kernels.plan_rows(rows.xs, rows.zs, as_int(rows.signs), as_int(active),
+                                                    as_int(guesses), interpret=mode == "interpret"))
     plan = _Plan(jnp.zeros(b, jnp.int32), jnp.zeros((b, w), jnp.uint32), jnp.zeros(b, bool), jnp.zeros(b, bool),
                  jnp.zeros(b, bool), jnp.zeros(b, bool))
 
@@ -335,11 +341,20 @@ def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
     return lax.fori_loop(0, b, step, (rows, plan))[1]
 
 
-def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tableau:
-    """Step 2: the planned collapses on every row of t, in one pass (see the section comment). kernel:
-    as in `prepend` (the Pallas kernel, kernels.apply_rows); skip (R / kernels.APPLY_ROWS,) int32,
-    for the kernel: nonzero for blocks of rows the collapses leave as they are (the pure rule
-    computes them anyway: the same bits)."""
+class _Replay(NamedTuple):
+    """What step 2 reads of a plan (see the section comment)."""
+    word: jax.Array  # (b,) int32 each collapse's pivot word
+    shift: jax.Array  # (b,) uint32 its bit in the word
+    first: jax.Array  # (b,) uint32 1 where the pivot column is new to the block (its slot)
+    slot: jax.Array  # (b,) uint32 the slot of its pivot column (its first collapse)
+    pivot_bits: jax.Array  # (b,) uint32 each distinct pivot's bit in its word
+    pmask: jax.Array  # (W,) uint32 the block's pivot columns
+    kext: jax.Array  # (b, W) uint32 the fan-outs off the pivot columns
+    kp: jax.Array  # (b,) uint32 the fan-outs at the pivot columns, as slot bits
+    tables: list  # XORs of the fan-outs, 8 controls a (256, W) table
+
+
+def _replay(plan: _Plan, words: int) -> _Replay:
     b = plan.pivot.shape[0]
     slots = jnp.arange(b)
     p, random = plan.pivot, plan.random
@@ -349,26 +364,41 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
     first = (random & (slot == slots)).astype(jnp.uint32)
     word, shift = p // WORD, (p % WORD).astype(jnp.uint32)
     pivot_bits = first << shift  # (b,): each distinct pivot once
-    pmask = jnp.zeros(t.xs.shape[1], jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
+    pmask = jnp.zeros(words, jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
     kext = plan.kmask & ~pmask
     kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
-    tables = [_xor_table(kext[g:g + 8]) for g in range(0, b, 8)]  # XORs of the fan-outs, 8 controls a table
+    tables = [_xor_table(kext[g:g + 8]) for g in range(0, b, 8)]
+    return _Replay(word, shift, first, slot, pivot_bits, pmask, kext, kp, tables)
 
+
+def _kernel_inputs(plan: _Plan, r: _Replay):
+    """apply_rows's arguments after the tableau: steps, kp, kext, tables, pmask."""
+    flags = plan.random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
+    steps = jnp.stack([r.word, r.shift.astype(jnp.int32), r.first.astype(jnp.int32), r.slot.astype(jnp.int32), flags])
+    return steps, r.kp, r.kext, jnp.concatenate(r.tables), r.pmask
+
+
+def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tableau:
+    """Step 2: the planned collapses on every row of t, in one pass (see the section comment). kernel:
+    as in `prepend` (the Pallas kernel, kernels.apply_rows); skip (R / kernels.APPLY_ROWS,) int32,
+    for the kernel: nonzero for blocks of rows the collapses leave as they are (the pure rule
+    computes them anyway: the same bits)."""
+    b = plan.pivot.shape[0]
+    slots = jnp.arange(b)
+    r = _replay(plan, t.xs.shape[1])
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode != "jax":
-        flags = random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
-        steps = jnp.stack([word, shift.astype(jnp.int32), first.astype(jnp.int32), slot.astype(jnp.int32), flags])
         if skip is None:
             skip = jnp.zeros(t.xs.shape[0] // kernels.APPLY_ROWS, jnp.int32)
-        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, steps, kp, kext, jnp.concatenate(tables), pmask, skip,
-                                          interpret=mode == "interpret")
+        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, r), skip, interpret=mode == "interpret")
         return Tableau(xs, zs, t.signs ^ (flip == 1))
-    xo = pack(_columns(t.xs, p) * first)  # (R,) each row's bits at the pivots
-    zo = pack(_columns(t.zs, p) * first)
+    p, random = plan.pivot, plan.random
+    xo = pack(_columns(t.xs, p) * r.first)  # (R,) each row's bits at the pivots
+    zo = pack(_columns(t.zs, p) * r.first)
 
     def parity(j, zk):  # bit j: parity of the row's z under kext[j] (a loop: 5x faster than one
         # (R, b, W) reduction on the 2-core CPU at 16,384 x 256 words, 0.06 s against 0.29 s a block)
-        ones = jnp.sum(lax.population_count(t.zs & kext[j]), axis=1, dtype=jnp.uint32)
+        ones = jnp.sum(lax.population_count(t.zs & r.kext[j]), axis=1, dtype=jnp.uint32)
         return zk | ((ones & 1) << j.astype(jnp.uint32))
 
     zk = lax.fori_loop(0, b, parity, jnp.zeros(t.xs.shape[0], jnp.uint32))
@@ -377,23 +407,35 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
 
     def step(j, carry):
         j = j.astype(jnp.uint32)
-        return kernels.replay_collapse(*carry, j, (zk >> j) & one, slot[j], random[j], plan.use_yz[j], plan.fix[j],
-                                       kp[j])
+        return kernels.replay_collapse(*carry, j, (zk >> j) & one, r.slot[j], random[j], plan.use_yz[j], plan.fix[j],
+                                       r.kp[j])
 
     zero = jnp.zeros(t.xs.shape[0], jnp.uint32)
     xn, zn, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero, jnp.zeros(t.xs.shape[0], jnp.int32)))
     xs = t.xs  # off the pivots: XOR of the fan-out masks the row's controls select (kext has no pivot bits)
-    for g, table in enumerate(tables):
+    for g, table in enumerate(r.tables):
         xs = xs ^ table[(controls >> (8 * g)) & 255]
 
     def set_pivots(words, new, old):  # pivot bits from `old` to `new` (slot bits (R,)): adding the
         # difference at distinct bits is exact, and a recurring pivot column is one slot
         bit = lambda v: (v[:, None] >> slots.astype(jnp.uint32)) & 1
-        return words.at[:, word].add((bit(new) - bit(old)) * pivot_bits)
+        return words.at[:, r.word].add((bit(new) - bit(old)) * r.pivot_bits)
 
     xs, zs = set_pivots(xs, xn, xo), set_pivots(t.zs, zn, zo)
     flip = ((ys_before - _popcount(xs & zs) + phase) % 4) == 2
     return Tableau(xs, zs, t.signs ^ flip)
+
+
+def _apply_and_plan(t: Tableau, plan: _Plan, skip, rows: Tableau, active, guesses, interpret: bool):
+    """Step 2 of a block on the kernel path, with step 1 of the next block (measured rows `rows`,
+    taken before this step) in the same launch (kernels.apply_rows's lookahead). Returns (t, plan)."""
+    w = t.xs.shape[1]
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, kernels.plan_width(w) - w)))
+    as_int = lambda v: v.astype(jnp.int32)
+    lookahead = (pad(rows.xs), pad(rows.zs), as_int(rows.signs), as_int(active), as_int(guesses))
+    xs, zs, flip, planned = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, _replay(plan, w)), skip,
+                                               lookahead=lookahead, interpret=interpret)
+    return Tableau(xs, zs, t.signs ^ (flip == 1)), _plan_from_kernel(*planned)
 
 
 def _settled(t: Tableau):
@@ -412,33 +454,46 @@ def _settled(t: Tableau):
 def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"):
     n, b = t.capacity, MEASURE_BLOCK
     k = qubits.shape[0]
+    if k == 0:
+        return t, jnp.zeros(0, bool)
     pad = -k % b
     qubits = jnp.concatenate([qubits, jnp.zeros(pad, qubits.dtype)])
     active = jnp.concatenate([active, jnp.zeros(pad, bool)])
     guesses = jnp.concatenate([guesses, jnp.zeros(pad, bool)])
-    kernel_path = kernels.kernel_mode(kernel, t.xs.shape[1]) != "jax"
-    # blocks after the last active slot: none on the pure path; on the kernel path every block runs (a
-    # loop whose count is data waits for the host each step), and the kernels skip an empty block
-    last = k + pad - 1 if kernel_path else jnp.max(jnp.where(active, jnp.arange(k + pad), -1))
+    blocks = (k + pad) // b
+    part = lambda a, i: lax.dynamic_slice_in_dim(a, i * b, b)
+    measured = lambda t, i: Tableau(*(a[n + part(qubits, i)] for a in t))
+    outcomes = jnp.zeros(k + pad, bool)
+    record = lambda outcomes, plan, i: lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
+    mode = kernels.kernel_mode(kernel, t.xs.shape[1])
+    if mode == "jax":
+        def block(i, carry):
+            t, outcomes = carry
+            plan = _plan_block(measured(t, i), part(active, i), part(guesses, i), kernel)
+            t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
+            return t, record(outcomes, plan, i)
+
+        last = jnp.max(jnp.where(active, jnp.arange(k + pad), -1))  # no block after the last active slot
+        t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, outcomes))
+        return t, outcomes[:k]
+
+    # The kernel path runs every block (a loop count or a conditional from data waits for the host each
+    # block; the kernels skip empty blocks), each block's apply launch but the last also planning the
+    # next block. Rows no collapse of the op reads or changes are skipped (a measured row is not among
+    # them once collapsed: it is Z at its pivot times Zs elsewhere, and later fan-outs change its z bits).
+    settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1)
+    skip = lambda plan: (settled_blocks | ~jnp.any(plan.random)).astype(jnp.int32)
 
     def block(i, carry):
-        t, outcomes = carry
-        part = lambda a: lax.dynamic_slice_in_dim(a, i * b, b)
-        rows = n + part(qubits)
-        plan = _plan_block(Tableau(t.xs[rows], t.zs[rows], t.signs[rows]), part(active), part(guesses), kernel)
-        if kernel_path:  # always applied: a conditional around a kernel waits for the host every block.
-            # (A measured row is not settled once collapsed: it is Z at its pivot times Zs elsewhere, and
-            # later fan-outs change its z bits at their pivots.)
-            skip = (settled_blocks | ~jnp.any(plan.random)).astype(jnp.int32)
-            t = _apply_block(t, plan, kernel, skip)
-        else:
-            t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
-        return t, lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
+        t, outcomes, plan = carry
+        t, following = _apply_and_plan(t, plan, skip(plan), measured(t, i + 1), part(active, i + 1),
+                                       part(guesses, i + 1), mode == "interpret")
+        return t, record(outcomes, plan, i), following
 
-    # blocks of rows no collapse of this op reads or changes (the kernel skips them)
-    settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1) if kernel_path else None
-    t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool)))
-    return t, outcomes[:k]
+    plan = _plan_block(measured(t, 0), part(active, 0), part(guesses, 0), kernel)
+    t, outcomes, plan = lax.fori_loop(0, blocks - 1, block, (t, outcomes, plan))
+    t = _apply_block(t, plan, kernel, skip(plan))
+    return t, record(outcomes, plan, blocks - 1)[:k]
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))

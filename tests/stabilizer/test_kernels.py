@@ -176,6 +176,28 @@ def test_plan_and_apply_kernels_equal_the_pure_rules(n, seed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("n,seed", [(40, 6), (300, 7)])
+def test_apply_launch_that_plans_the_next_block_equals_apply_then_plan(n, seed):
+    """kernels.apply_rows with a lookahead: the tableau of the plain apply, and the next block's plan
+    as plan_rows makes it from that block's rows after the apply (rows some of which the apply changes,
+    some slots inactive)."""
+    t, rows, active, guesses = _measured_rows(n, seed)
+    plan = T._plan_block(rows, active, guesses, KERNEL)
+    rng = np.random.default_rng(seed + 100)
+    following = t.capacity + jnp.asarray(rng.permutation(n)[: T.MEASURE_BLOCK] % n)
+    f_active, f_guesses = jnp.asarray(rng.random(T.MEASURE_BLOCK) < 0.85), jnp.asarray(rng.random(T.MEASURE_BLOCK) < 0.5)
+    copy = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+    skip = jnp.zeros(t.xs.shape[0] // K.APPLY_ROWS, jnp.int32)
+    applied = T._apply_block(copy(t), plan, KERNEL, skip)
+    want = T._plan_block(T.Tableau(*(a[following] for a in applied)), f_active, f_guesses, KERNEL)
+    got_t, got_plan = T._apply_and_plan(copy(t), plan, skip, T.Tableau(*(a[following] for a in t)), f_active,
+                                        f_guesses, interpret=KERNEL == "interpret")
+    for a, b in zip(applied, got_t):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for name, a, b in zip(want._fields, want, got_plan):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 8]), st.sampled_from([4, 40, 256]))
 def test_plan_kernel_equals_the_pure_rule_on_any_rows(seed, words, span):
