@@ -7,12 +7,12 @@ taking the overlap with the initial state. See README.md and DESIGN.md.
 Precision: coefficients follow JAX's default float (float32, or float64 with jax_enable_x64); the
 exactness claims (agreement with the state vector to 1e-10) hold under jax_enable_x64, which the
 command-line tool and benchmarks turn on. The one JAX setting importing pauliprop changes is the
-persistent compilation cache (pauliprop/compilation.py; PAULIPROP_NO_CACHE=1 turns that off).
+persistent compilation cache (pauliprop/runtime/compilation.py; PAULIPROP_NO_CACHE=1 turns that off).
 """
 
-from . import compilation
+from .runtime import compilation
 
-compilation.enable()  # JAX's persistent compilation cache (pauliprop/compilation.py)
+compilation.enable()  # JAX's persistent compilation cache (pauliprop/runtime/compilation.py)
 
 from . import ansatz, hamiltonians, sharded, sharding, statevector, statevector_adjoint  # noqa: E402
 from .circuit import Circuit, Instruction, Param

@@ -35,8 +35,8 @@ from . import merge as _m
 from . import schedule as _s
 from . import truncation as _t
 from . import words as _w
-from .batching import shared
-from .prefix import count as _count, first_set
+from .runtime.batching import shared
+from .runtime.prefix import count as _count, first_set
 
 
 class Buffer(NamedTuple):

@@ -37,8 +37,8 @@ from jax import lax
 
 from . import truncation as _t
 from . import words as _w
-from .batching import shared
-from .prefix import count, first_set, on_cpu, prefix_count
+from .runtime.batching import shared
+from .runtime.prefix import count, first_set, on_cpu, prefix_count
 
 DEAD_KEY = np.uint64((1 << 64) - 1)
 BIG = np.int32(2**30)  # a sine count above any limit

@@ -34,7 +34,7 @@ from . import merge as _m
 from . import program as _p
 from . import schedule as _s
 from . import truncation as _t
-from .batching import batched, vmap_shared
+from .runtime.batching import batched, vmap_shared
 from .circuit import Circuit
 from .paulisum import PauliSum
 

@@ -100,7 +100,7 @@ from . import truncation as _t
 from . import words as _w
 from .circuit import Circuit
 from .paulisum import PauliSum
-from .prefix import count as _count, first_set, prefix_count
+from .runtime.prefix import count as _count, first_set, prefix_count
 
 _prop = importlib.import_module(".propagate", __package__)  # the module (the package's `propagate` is its function)
 

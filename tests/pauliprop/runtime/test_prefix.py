@@ -1,4 +1,4 @@
-"""Prefix sums and first_set (pauliprop/prefix.py): the prefix count equals numpy's cumulative sum on both
+"""Prefix sums and first_set (pauliprop/runtime/prefix.py): the prefix count equals numpy's cumulative sum on both
 code paths (the native scan and the blocked CPU sum, padded when the size is not a multiple of the
 block); first_set lists the first k set indices on both of its paths (bit-packed search, prefix count)."""
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pauliprop.prefix import first_set, prefix_count
+from pauliprop.runtime.prefix import first_set, prefix_count
 
 
 @pytest.mark.parametrize("size", [1, 10, 4095, 4096, 5000, 8192, 10001])

@@ -1,4 +1,4 @@
-"""Compilation as a user meets it (pauliprop/compilation.py and the bucketed tables).
+"""Compilation as a user meets it (pauliprop/runtime/compilation.py and the bucketed tables).
 
 * A second process running the same job compiles nothing: the persistent cache is on by default,
   in the directory the environment names, and off with PAULIPROP_NO_CACHE=1.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 JOB = r"""
 import json, sys
@@ -25,7 +25,7 @@ events = []  # XLA compilations (also on a cache hit), and the persistent cache'
 jax.monitoring.register_event_duration_secs_listener(lambda event, duration, **kw: events.append(event))
 jax.monitoring.register_event_listener(lambda event, **kw: events.append(event))
 import pauliprop as pp
-from pauliprop import compilation
+from pauliprop.runtime import compilation
 c = pp.Circuit(4).h(0).cx(0, 1).rx(2, pp.Param(0)).rzz(1, 2, 0.3).t(3).ry(3, pp.Param(1))
 h = pp.PauliSum.from_labels({"ZZII": 1.0, "IXIY": 0.5})
 v = float(pp.expectation(c, h, params=[0.1, 0.2]))

@@ -1,4 +1,4 @@
-"""Batches that share the engine's control flow (pauliprop/batching.py): the shared branch index is
+"""Batches that share the engine's control flow (pauliprop/runtime/batching.py): the shared branch index is
 the batch's maximum, and every member still gets exactly its own result, also when members need
 different rooms and cuts."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import pauliprop as pp
 from pauliprop import ansatz
-from pauliprop.batching import batch_size, batched, shared
+from pauliprop.runtime.batching import batch_size, batched, shared
 
 
 def test_shared_reduces_over_the_batch_and_is_the_identity_outside_one():
