@@ -15,8 +15,9 @@ from .runtime import compilation
 compilation.enable()  # JAX's persistent compilation cache (pauliprop/runtime/compilation.py)
 
 from . import ansatz, hamiltonians, sharded, sharding, statevector, statevector_adjoint  # noqa: E402
-from .circuit import Circuit, Instruction, Param
-from .gates import GATES, GateDef
+from .circuits import gates  # pp.gates: the gate table module, which stabilizer reads too
+from .circuits.circuit import Circuit, Instruction, Param
+from .circuits.gates import GATES, GateDef
 from .objective import expectation_fn
 from .overlap import overlap
 from .paulisum import PauliSum

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .circuit import Circuit, Param
+from .circuits.circuit import Circuit, Param
 from .hamiltonians import Edges, _edges, weighted_edges
 
 _ROTATIONS = ("rx", "ry", "rz")

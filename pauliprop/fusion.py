@@ -30,8 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import gates as _g
-from .circuit import Circuit, Instruction
+from .circuits.circuit import Circuit, Instruction
 
 TABLE_WIDTH = 10  # qubits per diagonal table (2^10 entries): cheap to build, cached on chip
 MAX_DIAGONAL_GATES = 512  # per diagonal block: bounds the traced product and the fused kernel

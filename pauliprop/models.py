@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .circuit import Circuit, Param
+from .circuits.circuit import Circuit, Param
 from .paulisum import PauliSum
 
 

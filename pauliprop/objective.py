@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import truncation as _t
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 from .paulisum import PauliSum
 from .propagate import CPU_COMPILER_OPTIONS, expectation, propagate
 

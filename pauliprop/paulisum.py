@@ -178,7 +178,7 @@ class PauliSum:
 
     def to_matrix(self) -> np.ndarray:
         """Dense 2^n x 2^n matrix (little-endian), for small n in tests."""
-        from .gates import pauli_matrix
+        from .circuits.gates import pauli_matrix
 
         dim = 2**self.num_qubits
         m = np.zeros((dim, dim), dtype=complex)

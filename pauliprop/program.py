@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import gates as _g
+from .circuits import gates as _g
 from . import words as _w
-from .circuit import Circuit, Param
+from .circuits.circuit import Circuit, Param
 
 CLIFFORD, ROTATION, QUARTER, CHANNEL, DAMP = range(5)
 KIND_NAMES = ("clifford", "rotation", "quarter", "channel", "damp")

@@ -35,7 +35,7 @@ from . import program as _p
 from . import schedule as _s
 from . import truncation as _t
 from .runtime.batching import batched, vmap_shared
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 from .paulisum import PauliSum
 
 

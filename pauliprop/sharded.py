@@ -98,7 +98,7 @@ from . import merge as _m
 from . import schedule as _s
 from . import truncation as _t
 from . import words as _w
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 from .paulisum import PauliSum
 from .runtime.prefix import count as _count, first_set, prefix_count
 

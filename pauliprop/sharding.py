@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 
 
 def qubit_mesh(devices=None) -> Mesh:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import truncation as _t
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 from .paulisum import PauliSum
 
 

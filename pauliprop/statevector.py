@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import gates as _g
-from .circuit import Circuit, Param
+from .circuits import gates as _g
+from .circuits.circuit import Circuit, Param
 from .overlap import bloch_vectors
 from .paulisum import PauliSum
 from .memory import device_memory_bytes

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from . import statevector as sv
-from .circuit import Circuit
+from .circuits.circuit import Circuit
 from .paulisum import PauliSum
 
 

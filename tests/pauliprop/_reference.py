@@ -1,7 +1,7 @@
 """Independent dense references for the tests: plain numpy, written from the documented semantics.
 
 Nothing here calls the engine (propagate, merge, words, overlap, statevector); it only reads the gate
-records (`pauliprop.gates`: matrices and Kraus operators, which test_gates.py checks against Qiskit and
+records (`pauliprop.circuits.gates`: matrices and Kraus operators, which test_gates.py checks against Qiskit and
 closed forms) and the circuit's instruction list.
 
 * `dense_unitary`, `density_matrix`, `dense_expectation`: Schroedinger-picture references
@@ -17,8 +17,8 @@ from itertools import product
 
 import numpy as np
 
-from pauliprop import gates as G
-from pauliprop.circuit import Param
+from pauliprop.circuits import gates as G
+from pauliprop.circuits.circuit import Param
 
 PAULI = G.PAULI_MATRICES
 LETTERS = "IXYZ"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import gates as G
+from pauliprop.circuits import gates as G
 from pauliprop import program as P
 from pauliprop import words as W
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import gates
+from pauliprop.circuits import gates
 from pauliprop import statevector as SV
 
 from . import _reference as R

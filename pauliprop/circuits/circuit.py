@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-from . import gates as _gates
+from . import gates, qasm
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ class Instruction:
     pauli: str | None = None  # generator of a pauli_rotation
 
     @property
-    def gate(self) -> _gates.GateDef:
-        return _gates.GATES[self.name]
+    def gate(self) -> gates.GateDef:
+        return gates.GATES[self.name]
 
     @property
     def generator(self) -> str | None:
@@ -104,7 +104,7 @@ class Circuit:
     # ---- generic entry point ------------------------------------------------------------------
     def append(self, name: str, qubits: Sequence[int], *args, pauli: str | None = None) -> "Circuit":
         """Append gate `name` (or an alias) on `qubits` with angle or probability `args`."""
-        g = _gates.lookup(name)
+        g = gates.lookup(name)
         qubits = tuple(self._check_qubit(g.name, q) for q in qubits)
         if g.name == "pauli_rotation":
             if not isinstance(pauli, str) or not pauli or set(pauli.upper()) - set("IXYZ"):
@@ -126,7 +126,7 @@ class Circuit:
         else:
             args = tuple(_check_angle(g.name, a) for a in args)
         self.instructions.append(Instruction(g.name, qubits, args, pauli))
-        self._program_cache = self._num_params = None  # the lowered gate table (pauliprop.program) is stale now
+        self._program_cache = self._num_params = None  # the lowered gate table (pauliprop.propagation.program) is stale now
         return self
 
     def _check_qubit(self, gate: str, q) -> int:
@@ -219,13 +219,9 @@ class Circuit:
     def from_qasm(cls, text: str, params=None) -> "Circuit":
         """Parse OpenQASM 2.0 (qelib1.inc) or the OpenQASM 3 gate subset (needs the `qasm` extra);
         params: values of OpenQASM 3 `input` parameters (by name, or in the order of their names)."""
-        from .qasm import circuit_from_qasm
-
-        return circuit_from_qasm(text, params)
+        return qasm.circuit_from_qasm(text, params, new_circuit=cls)
 
     @classmethod
     def from_qiskit(cls, qc) -> "Circuit":
         """Convert a qiskit.QuantumCircuit (bound parameters; barriers are skipped, measurements refused)."""
-        from .qasm import circuit_from_qiskit
-
-        return circuit_from_qiskit(qc)
+        return qasm.circuit_from_qiskit(qc, new_circuit=cls)

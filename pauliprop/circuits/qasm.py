@@ -5,7 +5,7 @@ gate set, as `QuantumCircuit.from_qasm_str` and Qiskit's exporter use it) and `q
 (qiskit-qasm3-import) for the OpenQASM 3 gate subset. The resulting `QuantumCircuit` is converted
 by `circuit_from_qiskit`:
 
-- gates of the pauliprop table (`pauliprop.gates.GATES`) map one to one (matched on Qiskit's gate
+- gates of the pauliprop table (`pauliprop.circuits.gates.GATES`) map one to one (matched on Qiskit's gate
   class, not on the name, so a user `gate` that happens to be called `rzz` is expanded from its
   own definition);
 - a few common gates have short exact Pauli-rotation decompositions here (p/u1, u/u3/u2, r, cp/cu1,
@@ -19,6 +19,9 @@ flow are refused: pauliprop evaluates expectation values of unitary circuits.
 
 Errors are `ValueError`s naming the cause; for QASM text they name the line (and, for syntax errors,
 the column, counted from 1, and the offending token).
+
+The converters build through the circuit class they are handed (`Circuit.from_qasm` and
+`Circuit.from_qiskit` pass their own), so this module does not import the builder that calls it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from __future__ import annotations
 import math
 import re
 from typing import Mapping
-
-from .circuit import Circuit
 
 _INSTALL_HINT = 'OpenQASM/Qiskit import needs Qiskit: pip install "pauliprop[qasm]"'
 _MAX_DEPTH = 64  # nesting of definitions; Qiskit's own definitions are far shallower
@@ -149,7 +150,7 @@ def _default_ctrl_state(op) -> bool:
     return not n or getattr(op, "ctrl_state", (1 << n) - 1) == (1 << n) - 1
 
 
-def _emit(c: Circuit, op, qubits: list[int], index: int, path: tuple[str, ...]):
+def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...]):
     from qiskit.circuit import Barrier, ControlFlowOp, Delay, Measure, Reset
     from qiskit.circuit.library import GlobalPhaseGate
 
@@ -203,25 +204,27 @@ def _emit(c: Circuit, op, qubits: list[int], index: int, path: tuple[str, ...]):
     _emit_circuit(c, definition, qubits, index, (*path, name))
 
 
-def _emit_circuit(c: Circuit, qc, qubits: list[int], index: int, path: tuple[str, ...]):
+def _emit_circuit(c, qc, qubits: list[int], index: int, path: tuple[str, ...]):
     """Append the instructions of a (sub)circuit whose qubit k is qubits[k]."""
     for inst in qc.data:
         qs = [qubits[qc.find_bit(q).index] for q in inst.qubits]
         _emit(c, inst.operation, qs, index, path)
 
 
-def _convert(qc) -> Circuit:
+def _convert(qc, new_circuit):
     if qc.num_qubits < 1:
         raise ValueError("the circuit has no qubits")
-    c = Circuit(qc.num_qubits)
+    c = new_circuit(qc.num_qubits)
     for i, inst in enumerate(qc.data):
         qs = [qc.find_bit(q).index for q in inst.qubits]
         _emit(c, inst.operation, qs, i, ())
     return c
 
 
-def circuit_from_qiskit(qc) -> Circuit:
+def circuit_from_qiskit(qc, new_circuit):
     """Convert a `qiskit.QuantumCircuit` into a pauliprop `Circuit`, exactly up to a global phase.
+    new_circuit: the circuit class (`Circuit.from_qiskit` passes its own), called with the number of
+    qubits; the gates are appended through its builder methods.
 
     Qubit i of the Qiskit circuit is qubit i here (both little-endian). Table gates map one to one,
     other gates are expanded (see the module docstring). Parameters must be bound; barriers and
@@ -237,7 +240,7 @@ def circuit_from_qiskit(qc) -> Circuit:
         raise ValueError(f"the circuit has unbound parameter(s) {names}; bind them first "
                          f"(qc.assign_parameters({{...}}))")
     try:
-        return _convert(qc)
+        return _convert(qc, new_circuit)
     except _Unsupported as exc:
         raise ValueError(str(exc)) from None
 
@@ -450,14 +453,14 @@ def _bound_values(parameters, params) -> dict:
     return out
 
 
-def circuit_from_qasm(text: str, params=None) -> Circuit:
+def circuit_from_qasm(text: str, params, new_circuit):
     """Parse OpenQASM 2.0 (qelib1.inc) or the OpenQASM 3 gate subset into a `Circuit`.
 
     The version comes from the `OPENQASM` header (without one, a program that declares `qubit`s or
     includes stdgates.inc is read as OpenQASM 3). Qubits are numbered in declaration order over all
     registers (qubit i is bit i of the basis index). Errors are `ValueError`s naming the line.
     params: values of an OpenQASM 3 program's `input` parameters, {name: value} or a sequence in the
-    order of their names (Qiskit's order).
+    order of their names (Qiskit's order). new_circuit: as in `circuit_from_qiskit`.
     """
     _require_qiskit()
     if not isinstance(text, str):
@@ -476,7 +479,7 @@ def circuit_from_qasm(text: str, params=None) -> Circuit:
     elif params:
         raise ValueError(f"QASM program has no input parameters, but {len(params)} value(s) were given")
     try:
-        return _convert(qc)
+        return _convert(qc, new_circuit)
     except _Unsupported as exc:
         found = _statement_of_instruction(text, version, exc.index)
         if found is None:

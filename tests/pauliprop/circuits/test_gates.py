@@ -1,4 +1,4 @@
-"""The gate table (pauliprop/gates.py): every record agrees with its matrix, with Qiskit, and with the
+"""The gate table (pauliprop/circuits/gates.py): every record agrees with its matrix, with Qiskit, and with the
 actions the other modules derive from it."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import gates as G
+from pauliprop.circuits import gates as G
 from pauliprop import program as P
 
-from . import _reference as R
+from .. import _reference as R
 
 CLIFFORDS = sorted(n for n, g in G.GATES.items() if g.kind == "clifford")
 ROTATIONS = sorted(n for n, g in G.GATES.items() if g.kind == "rotation" and g.generator is not None

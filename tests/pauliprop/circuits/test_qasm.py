@@ -1,4 +1,4 @@
-"""OpenQASM 2/3 and Qiskit import (pauliprop.qasm): each test states the property it checks.
+"""OpenQASM 2/3 and Qiskit import (pauliprop.circuits.qasm): each test states the property it checks.
 
 The reference is Qiskit itself: `qiskit.quantum_info.Statevector` of the circuit Qiskit's own parser
 builds from the same text. Both are little-endian, so amplitudes compare index by index; the

@@ -1,4 +1,4 @@
-"""The circuit builder (pauliprop/circuit.py): validation names the cause, chaining, Params."""
+"""The circuit builder (pauliprop/circuits/circuit.py): validation names the cause, chaining, Params."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop.circuit import Param
+from pauliprop.circuits.circuit import Param
 
-from . import _reference as R
+from .. import _reference as R
 
 
 # ---- validation ------------------------------------------------------------------------------------

@@ -3,14 +3,15 @@
 Each record gives the name, aliases, arity, number of angle parameters, its kind and its
 unitary (little-endian on the gate's own qubits: the first qubit argument is bit 0). Everything
 else is derived from it: the Heisenberg action of Clifford gates (`clifford_action`), the Pauli
-generator of rotations, the state-vector matrices, the parser's names. `tests/pauliprop/test_gates.py`
-checks, for every entry, that the derived actions agree with the matrix.
+generator of rotations, the state-vector matrices, the parser's names.
+`tests/pauliprop/circuits/test_gates.py` checks, for every entry, that the derived actions agree with
+the matrix.
 
 Kinds:
   clifford  maps each Pauli word to one signed word (conjugation by the unitary).
   rotation  exp(-i a/2 G) for a Pauli generator G; splits anticommuting words.
             T and Tdg are rotations with fixed angles (equal to T, Tdg up to a global phase).
-  channel   a noise channel acting on one qubit (Heisenberg picture in `pauliprop.noise`).
+  channel   a noise channel acting on one qubit (Heisenberg picture in `pauliprop.propagation.program`).
 """
 
 from __future__ import annotations
