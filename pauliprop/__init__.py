@@ -19,8 +19,8 @@ from .circuits import gates  # pp.gates: the gate table module, which stabilizer
 from .circuits.circuit import Circuit, Instruction, Param
 from .circuits.gates import GATES, GateDef
 from .objective import expectation_fn
-from .overlap import overlap
-from .paulisum import PauliSum
+from .algebra.overlap import overlap
+from .algebra.paulisum import PauliSum
 from .propagate import CPU_COMPILER_OPTIONS, PropagationStats, expectation, propagate
 from .shared import expectations
 from .truncation import Truncation

@@ -30,11 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import clifford as _c
+from .algebra import clifford as _c
 from . import merge as _m
 from . import schedule as _s
 from . import truncation as _t
-from . import words as _w
+from .algebra import words as _w
 from .runtime.batching import shared
 from .runtime.prefix import count as _count, first_set
 
@@ -649,7 +649,7 @@ def _run_static(T: dict, buf: Buffer, params, limits: _t.Limits, cfg: Config):
 
 def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
     """(32 W, 4) factors <psi_q| P |psi_q> of each qubit's state for the codes I, X, Z, Y (host)."""
-    from .overlap import bloch_vectors
+    from .algebra.overlap import bloch_vectors
 
     r = bloch_vectors(state, num_qubits)
     table = np.zeros((_w.LANE_BITS * num_lanes, 4))

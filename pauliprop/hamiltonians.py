@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 
 Edges = Sequence[tuple[int, int]]
 

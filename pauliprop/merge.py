@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from . import truncation as _t
-from . import words as _w
+from .algebra import words as _w
 from .runtime.batching import shared
 from .runtime.prefix import count, first_set, on_cpu, prefix_count
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .circuits.circuit import Circuit, Param
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 
 
 def heavy_hex_127() -> list[tuple[int, int]]:

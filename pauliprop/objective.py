@@ -22,7 +22,7 @@ import numpy as np
 
 from . import truncation as _t
 from .circuits.circuit import Circuit
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 from .propagate import CPU_COMPILER_OPTIONS, expectation, propagate
 
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .circuits import gates as _g
-from . import words as _w
+from .algebra import words as _w
 from .circuits.circuit import Circuit, Param
 
 CLIFFORD, ROTATION, QUARTER, CHANNEL, DAMP = range(5)

@@ -36,7 +36,7 @@ from . import schedule as _s
 from . import truncation as _t
 from .runtime.batching import batched, vmap_shared
 from .circuits.circuit import Circuit
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 
 
 class PropagationStats(NamedTuple):
@@ -582,7 +582,7 @@ def _propagate_static(T, buf, params, limits, *, cfg):
 # ---- expectation values, with reverse mode --------------------------------------------------------------
 
 def _state_table(state, num_qubits: int, num_lanes: int):
-    from .overlap import parse_state
+    from .algebra.overlap import parse_state
 
     parse_state(state, num_qubits)  # fail before propagating
     return _e.overlap_table(state, num_qubits, num_lanes)

@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import clifford as _c
+from .algebra import clifford as _c
 from . import program as _p
-from . import words as _w
+from .algebra import words as _w
 
 MERGE, CLIFFORD, LAYER, CHANNEL, NOOP = range(5)
 KIND_NAMES = ("merge", "clifford", "layer", "channel", "noop")

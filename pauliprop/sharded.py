@@ -97,9 +97,9 @@ from . import engine as _e
 from . import merge as _m
 from . import schedule as _s
 from . import truncation as _t
-from . import words as _w
+from .algebra import words as _w
 from .circuits.circuit import Circuit
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 from .runtime.prefix import count as _count, first_set, prefix_count
 
 _prop = importlib.import_module(".propagate", __package__)  # the module (the package's `propagate` is its function)
@@ -117,7 +117,7 @@ def owner(words, devices: int):
     if devices == 1:
         return jnp.zeros(words.shape[0], jnp.int32)
     x, z = _m.halves(words)
-    h = _w._mix32(_w.fingerprint(x, z)[0] ^ ROUTE_SALT)
+    h = _w.mix32(_w.fingerprint(x, z)[0] ^ ROUTE_SALT)
     return (h % jnp.uint32(devices)).astype(jnp.int32)
 
 

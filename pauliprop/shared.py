@@ -21,7 +21,7 @@ import numpy as np
 
 from . import truncation as _t
 from .circuits.circuit import Circuit
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 
 
 def union(observables) -> tuple[PauliSum, jax.Array]:

@@ -19,10 +19,10 @@ import numpy as np
 
 from .circuits import gates as _g
 from .circuits.circuit import Circuit, Param
-from .overlap import bloch_vectors
-from .paulisum import PauliSum
+from .algebra.overlap import bloch_vectors
+from .algebra.paulisum import PauliSum
 from .memory import device_memory_bytes
-from .words import unpack_bits
+from .algebra.words import unpack_bits
 
 def _angle(a, params):
     if isinstance(a, Param):

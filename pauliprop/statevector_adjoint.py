@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from . import statevector as sv
 from .circuits.circuit import Circuit
-from .paulisum import PauliSum
+from .algebra.paulisum import PauliSum
 
 
 def value_and_grad(circuit: Circuit, observable: PauliSum, params=None, state="0", dtype=jnp.complex128):

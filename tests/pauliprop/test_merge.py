@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop import engine
 from pauliprop import merge as M
-from pauliprop import words as W
+from pauliprop.algebra import words as W
 
 SLOTS = 64  # candidate slots in the unit tests (one compile per shape)
 

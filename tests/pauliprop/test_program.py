@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop.circuits import gates as G
 from pauliprop import program as P
-from pauliprop import words as W
+from pauliprop.algebra import words as W
 
 from . import _reference as R
 from ._strategies import build, gate

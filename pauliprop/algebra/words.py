@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .runtime.prefix import on_cpu
+from ..runtime.prefix import on_cpu
 
 LANE_BITS = 32
 LABEL_TO_BITS = {"I": (0, 0), "X": (1, 0), "Y": (1, 1), "Z": (0, 1)}
@@ -117,7 +117,7 @@ def set_site(words, q, bit):
 
 # ---- fingerprints for merging --------------------------------------------------------------------
 
-def _mix32(h):
+def mix32(h):
     """murmur3's 32-bit finaliser: a bijection with good avalanche."""
     h = h ^ (h >> 16)
     h = h * jnp.uint32(0x85EBCA6B)
@@ -131,8 +131,8 @@ def fingerprint(x, z):
     h1 = jnp.full(x.shape[:-1], 0x9E3779B9, dtype=jnp.uint32)
     h2 = jnp.full(x.shape[:-1], 0x7F4A7C15, dtype=jnp.uint32)
     for lane in range(x.shape[-1]):
-        h1 = _mix32(h1 ^ x[..., lane]) + jnp.uint32(0x632BE5AB)
-        h1 = _mix32(h1 ^ z[..., lane])
-        h2 = _mix32(h2 + x[..., lane] * jnp.uint32(0x27D4EB2F)) ^ jnp.uint32(0x165667B1)
-        h2 = _mix32(h2 + z[..., lane] * jnp.uint32(0x9E3779B1))
+        h1 = mix32(h1 ^ x[..., lane]) + jnp.uint32(0x632BE5AB)
+        h1 = mix32(h1 ^ z[..., lane])
+        h2 = mix32(h2 + x[..., lane] * jnp.uint32(0x27D4EB2F)) ^ jnp.uint32(0x165667B1)
+        h2 = mix32(h2 + z[..., lane] * jnp.uint32(0x9E3779B1))
     return h1, h2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from . import words as _w
+from . import words
 from .paulisum import PauliSum
 
 # character -> (basis: 0 Z, 1 X, 2 Y; eigenvalue -1?)
@@ -37,7 +37,7 @@ def parse_state(state, num_qubits: int):
             masks["zxy"[basis]][q] = "X"
             if minus:
                 masks["minus"][q] = "X"
-        packed = {k: _w.pack([v], num_qubits)[0][0] for k, v in masks.items()}
+        packed = {k: words.pack([v], num_qubits)[0][0] for k, v in masks.items()}
         return "eigen", packed
     arr = np.asarray(state, dtype=float)
     if arr.shape != (num_qubits, 3):
@@ -63,17 +63,17 @@ def word_overlaps(x, z, state, num_qubits: int):
     if kind == "eigen":
         mz, mx, my, minus = (jnp.asarray(data[k]) for k in ("z", "x", "y", "minus"))
         ok = jnp.all(((x & mz) == 0) & ((z & mx) == 0) & (((x ^ z) & my) == 0), axis=-1)
-        parity = _w.popcount((x | z) & minus).sum(-1) & 1
+        parity = words.popcount((x | z) & minus).sum(-1) & 1
         return jnp.where(ok, 1.0 - 2.0 * parity, 0.0)
     # generic product state: per qubit factor table [I, X, Z, Y] indexed by the symplectic code
-    table = np.ones((x.shape[-1] * _w.LANE_BITS, 4))
+    table = np.ones((x.shape[-1] * words.LANE_BITS, 4))
     table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = data[:, 0], data[:, 2], data[:, 1]
     table = jnp.asarray(table)
-    shifts = jnp.arange(_w.LANE_BITS, dtype=jnp.uint32)
+    shifts = jnp.arange(words.LANE_BITS, dtype=jnp.uint32)
     out = jnp.ones(x.shape[:-1])
     for lane in range(x.shape[-1]):
         code = ((x[..., lane, None] >> shifts) & 1) | (((z[..., lane, None] >> shifts) & 1) << 1)
-        factors = table[lane * _w.LANE_BITS + jnp.arange(_w.LANE_BITS), code.astype(jnp.int32)]
+        factors = table[lane * words.LANE_BITS + jnp.arange(words.LANE_BITS), code.astype(jnp.int32)]
         out = out * jnp.prod(factors, axis=-1)
     return out
 

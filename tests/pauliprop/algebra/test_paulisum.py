@@ -1,4 +1,4 @@
-"""PauliSum (pauliprop/paulisum.py): construction and export round trips, label orders (Stim vs
+"""PauliSum (pauliprop/algebra/paulisum.py): construction and export round trips, label orders (Stim vs
 Qiskit), dense matrices, large registers, and the pytree."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 
-from . import _reference as R
+from .. import _reference as R
 
 SIZES = [1, 31, 32, 33, 63, 64, 65, 127, 1000]
 coeff = st.one_of(st.floats(-10, 10).filter(lambda v: v != 0), st.sampled_from([1.0, -0.5, 1e-300, 1e300]))

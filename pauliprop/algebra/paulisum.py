@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import words as _w
+from ..circuits.gates import pauli_matrix
+from . import words
 
 
 def _real(c, where: str) -> float:
@@ -43,7 +44,7 @@ class PauliSum:
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_words(cls, paulis: list[dict[int, str]], coeffs, num_qubits: int) -> "PauliSum":
-        x, z = _w.pack(paulis, num_qubits)
+        x, z = words.pack(paulis, num_qubits)
         return cls(jnp.asarray(x), jnp.asarray(z), jnp.asarray(np.asarray(coeffs, dtype=float)), num_qubits)
 
     @classmethod
@@ -161,7 +162,7 @@ class PauliSum:
     def labels(self) -> list[str]:
         if len(self) == 0:  # words.unpack_bits cannot reshape a (0, W) array
             return []
-        return _w.labels_of(np.asarray(self.x), np.asarray(self.z), self.num_qubits)
+        return words.labels_of(np.asarray(self.x), np.asarray(self.z), self.num_qubits)
 
     def to_dict(self) -> dict[str, float]:
         """{label: coefficient} with duplicates merged and zero terms dropped."""
@@ -178,8 +179,6 @@ class PauliSum:
 
     def to_matrix(self) -> np.ndarray:
         """Dense 2^n x 2^n matrix (little-endian), for small n in tests."""
-        from .circuits.gates import pauli_matrix
-
         dim = 2**self.num_qubits
         m = np.zeros((dim, dim), dtype=complex)
         for lab, c in self.to_dict().items():

@@ -1,4 +1,4 @@
-"""Packed Pauli words (pauliprop/words.py): the bit algebra agrees with dense matrix products."""
+"""Packed Pauli words (pauliprop/algebra/words.py): the bit algebra agrees with dense matrix products."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pauliprop import words as W
+from pauliprop.algebra import words as W
 
-from . import _reference as R
+from .. import _reference as R
 
 
 def _pack_labels(labels, n, sites=None):

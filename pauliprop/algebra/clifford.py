@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import words as _w
+from . import words
 
-LANE = _w.LANE_BITS
+LANE = words.LANE_BITS
 
 
 class CliffordMap(NamedTuple):
@@ -79,7 +79,7 @@ def apply_map_numpy(x: np.ndarray, z: np.ndarray, m: CliffordMap):
     t, w = x.shape
     rx, rz = np.zeros_like(x), np.zeros_like(z)
     e = ys(x, z)
-    bits = np.concatenate([_w.unpack_bits(x, LANE * w), _w.unpack_bits(z, LANE * w)], axis=1).astype(bool)
+    bits = np.concatenate([words.unpack_bits(x, LANE * w), words.unpack_bits(z, LANE * w)], axis=1).astype(bool)
     for k in range(2 * LANE * w):
         v = bits[:, k]
         cross = popcount(rz & m.image_x[k]).sum(-1) & 1
@@ -113,7 +113,7 @@ def chunk_tables(image_x, image_z, phase):
                                     lax.bitwise_xor, (2,))
     tx, tz = xor_of(ix), xor_of(iz)
     # crossing of generators j < k of one chunk: parity(iz_j & ix_k)
-    cross = _w.popcount(iz[:, :, None, :] & ix[:, None, :, :]).sum(-1) & 1  # (chunks, 8, 8)
+    cross = words.popcount(iz[:, :, None, :] & ix[:, None, :, :]).sum(-1) & 1  # (chunks, 8, 8)
     upper = jnp.triu(jnp.ones((CHUNK, CHUNK), bool), 1)
     both = v[:, :, None] & v[:, None, :] & upper  # (256, 8, 8): j < k, both set in b
     pairs = jnp.sum(jnp.where(both[None], cross[:, None], 0), axis=(2, 3))
@@ -158,10 +158,10 @@ def apply_map(x, z, image_x, image_z, phase, unroll: int = 1):
         # the crossings enter e as 2 * their count, so only its parity counts: the XOR of their bits,
         # folded over the lanes; one popcount after the loop. (A count summed over the lanes each byte
         # was a reduction a byte, whose output XLA:GPU kept per word for every unrolled byte.)
-        return rx ^ ix, rz ^ iz, e + te[c][b], cross ^ _w.xor_lanes(rz & ix)
+        return rx ^ ix, rz ^ iz, e + te[c][b], cross ^ words.xor_lanes(rz & ix)
 
     zero = jnp.zeros_like(x)
-    start = (zero, zero, _w.popcount(x & z).sum(-1, dtype=jnp.int32), jnp.zeros(x.shape[:-1], jnp.uint32))
+    start = (zero, zero, words.popcount(x & z).sum(-1, dtype=jnp.int32), jnp.zeros(x.shape[:-1], jnp.uint32))
     if unroll > 1:  # `unroll` bytes an iteration (GPUs), every byte
         rx, rz, e, cross = lax.fori_loop(0, 2 * half, chunk, start, unroll=min(unroll, 2 * half))
     else:  # a byte an iteration (the loop body compiles once), the Z bytes only where they move
@@ -169,7 +169,7 @@ def apply_map(x, z, image_x, image_z, phase, unroll: int = 1):
         rx, rz, e, cross = lax.fori_loop(0, jnp.where(fixed, half, 2 * half), chunk, start)
         rz = jnp.where(fixed, rz ^ z, rz)
     # int32 counts (a plain sum widens to int64 under x64: 8 bytes a word where XLA keeps it)
-    e = (e + 2 * _w.popcount(cross) - _w.popcount(rx & rz).sum(-1, dtype=jnp.int32)) & 3
+    e = (e + 2 * words.popcount(cross) - words.popcount(rx & rz).sum(-1, dtype=jnp.int32)) & 3
     return rx, rz, jnp.where(e == 0, 1, -1).astype(jnp.int32)
 
 

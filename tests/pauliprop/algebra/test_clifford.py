@@ -1,4 +1,4 @@
-"""Clifford runs as one symplectic map (pauliprop/clifford.py, composed by schedule.py).
+"""Clifford runs as one symplectic map (pauliprop/algebra/clifford.py, composed by schedule.py).
 
 * A run's composed map sends every word P to the signed word U^dag P U of the run's dense unitary.
 * The device's one-pass application (byte lookup tables) equals the numpy reference, across lane
@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import clifford as K
+from pauliprop.algebra import clifford as K
 from pauliprop import program as P
 from pauliprop import schedule as S
-from pauliprop import words as W
+from pauliprop.algebra import words as W
 
-from . import _reference as R
-from ._strategies import CLIFFORD_1Q, CLIFFORD_2Q, QUARTER_TURNS, build
+from .. import _reference as R
+from .._strategies import CLIFFORD_1Q, CLIFFORD_2Q, QUARTER_TURNS, build
 
 
 @st.composite

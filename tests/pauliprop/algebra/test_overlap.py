@@ -1,4 +1,4 @@
-"""Overlaps with product states (pauliprop/overlap.py) equal dense <psi|P|psi> = tr(rho P)."""
+"""Overlaps with product states (pauliprop/algebra/overlap.py) equal dense <psi|P|psi> = tr(rho P)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop.overlap import bloch_vectors as bloch_of_state, word_overlaps
+from pauliprop.algebra.overlap import bloch_vectors as bloch_of_state, word_overlaps
 
-from . import _reference as R
-from ._strategies import bloch_vectors
+from .. import _reference as R
+from .._strategies import bloch_vectors
 
 eigen_states = lambda n: st.one_of(st.sampled_from(list("01+-rl")), st.text("01+-rl", min_size=n, max_size=n))
 
