@@ -14,8 +14,8 @@ from .runtime import compilation
 
 compilation.enable()  # JAX's persistent compilation cache (pauliprop/runtime/compilation.py)
 
-from . import ansatz, hamiltonians, sharded, sharding, statevector, statevector_adjoint  # noqa: E402
-from .circuits import gates  # pp.gates: the gate table module, which stabilizer reads too
+from . import ansatz, hamiltonians, sharded, statevector  # noqa: E402
+from .circuits import gates  # noqa: E402 - pp.gates: the gate table module, which stabilizer reads too
 from .circuits.circuit import Circuit, Instruction, Param
 from .circuits.gates import GATES, GateDef
 from .objective import expectation_fn
@@ -23,6 +23,8 @@ from .algebra.overlap import overlap
 from .algebra.paulisum import PauliSum
 from .propagate import CPU_COMPILER_OPTIONS, PropagationStats, expectation, propagate
 from .shared import expectations
+from .statevector import adjoint as statevector_adjoint
+from .statevector import sharding
 from .truncation import Truncation
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",

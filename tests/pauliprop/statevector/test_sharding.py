@@ -1,4 +1,4 @@
-"""Sharded state vectors (pauliprop/sharding.py): on 1, 2 and 4 devices (forced CPU host devices, in a
+"""Sharded state vectors (pauliprop/statevector/sharding.py): on 1, 2 and 4 devices (forced CPU host devices, in a
 subprocess, since JAX fixes its device count when it starts), sharded amplitudes and their gradients
 equal the single-device simulation, fused or not, and bad meshes name the cause."""
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ._devices import forced_devices_result
+from .._devices import forced_devices_result
 
 SCRIPT = textwrap.dedent("""
     import json, os
@@ -16,8 +16,8 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import pauliprop as pp
-    from pauliprop import statevector as SV
-    from pauliprop.sharding import qubit_mesh, simulate_sharded
+    from pauliprop.statevector import simulator as SV
+    from pauliprop.statevector.sharding import qubit_mesh, simulate_sharded
 
     out = {"devices": len(jax.devices()), "amplitudes": [], "gradients": [], "errors": {}}
     rng = np.random.default_rng(7)
@@ -41,8 +41,8 @@ SCRIPT = textwrap.dedent("""
         psi = simulate_sharded(qft, None, "1-0+11", fuse=3, mesh=qubit_mesh(jax.devices()[:nd]))
         out["amplitudes"].append({"devices": nd, "fuse": "qft", "error": float(np.abs(np.asarray(psi) - ref).max())})
     # a compiled program called twice, with a plan given or chosen by the cost model
-    from pauliprop import fusion
-    from pauliprop.sharding import sharded_program
+    from pauliprop.statevector import fusion
+    from pauliprop.statevector.sharding import sharded_program
     for fuse in (fusion.plan(qft, 3, lookahead=8), "auto"):
         program = sharded_program(qft, "1-0+11", fuse=fuse, mesh=qubit_mesh(jax.devices()[:2]))
         for _ in range(2):

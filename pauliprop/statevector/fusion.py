@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .circuits.circuit import Circuit, Instruction
+from ..circuits.circuit import Circuit, Instruction
+from .passes import (ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH, apply_block, apply_matrix, block_layout, gate_matrix,
+                     gemm_in_place, is_fixed)
 
 TABLE_WIDTH = 10  # qubits per diagonal table (2^10 entries): cheap to build, cached on chip
 MAX_DIAGONAL_GATES = 512  # per diagonal block: bounds the traced product and the fused kernel
@@ -49,7 +51,7 @@ class Plan(NamedTuple):
     circuit: Circuit
     blocks: list[Block]
     wire_of: tuple[int, ...]
-    elementwise_width: int = 2  # dense blocks up to this width run as sums of slices (statevector.apply_block)
+    elementwise_width: int = 2  # dense blocks up to this width run as sums of slices (passes.apply_block)
     width: int | None = None  # the k it was partitioned with (None: not made by `plan`)
 
 
@@ -156,9 +158,7 @@ def check_plan(circuit: Circuit, p: Plan) -> Plan:
 def plan(circuit: Circuit, k: int, diagonal: bool = True, elementwise_width: int | None = None,
          lookahead: int = 1) -> Plan:
     """Swaps turned into relabeling (relabel_swaps), then `partition` (with its lookahead).
-    elementwise_width: see Plan (None: the default, statevector.ELEMENTWISE_WIDTH)."""
-    from .statevector import ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH
-
+    elementwise_width: see Plan (None: the default, passes.ELEMENTWISE_WIDTH)."""
     if elementwise_width is None:
         elementwise_width = ELEMENTWISE_WIDTH
     if isinstance(elementwise_width, bool) or not isinstance(elementwise_width, int) \
@@ -183,8 +183,6 @@ def block_matrix(circuit: Circuit, block: Block, params, dtype):
     identity, each on the block's local axes. Runs of fixed gates (no Param) are multiplied on the
     host, so the trace holds one product per parametrized gate: a fixed circuit's blocks are constants
     and its compile time follows the number of passes, not of gates."""
-    from .statevector import _gate_matrix, apply_matrix, is_fixed
-
     m = len(block.qubits)
     local = {q: j for j, q in enumerate(block.qubits)}
     eye = np.eye(2**m, dtype=complex).reshape((2,) * m + (2**m,))  # columns: the basis states
@@ -193,10 +191,10 @@ def block_matrix(circuit: Circuit, block: Block, params, dtype):
         ins = circuit.instructions[i]
         axes = [local[q] for q in ins.qubits]
         if is_fixed(ins):
-            fixed, pending = apply_matrix(fixed, _gate_matrix(ins, params, dtype), axes, m), True
+            fixed, pending = apply_matrix(fixed, gate_matrix(ins, params, dtype), axes, m), True
             continue
         start = jnp.asarray(fixed, dtype) if traced is None else _times(fixed, traced, m) if pending else traced
-        traced, fixed, pending = apply_matrix(start, _gate_matrix(ins, params, dtype), axes, m), eye, False
+        traced, fixed, pending = apply_matrix(start, gate_matrix(ins, params, dtype), axes, m), eye, False
     if traced is None:
         return jnp.asarray(fixed.reshape(2**m, 2**m), dtype)
     return (_times(fixed, traced, m) if pending else traced).reshape(2**m, 2**m)
@@ -242,8 +240,6 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
     """A diagonal block as [(qubits, table)]: the block's diagonal is the product of the tables, each
     of shape (2,)*len(qubits) with axis j <-> qubits[j]. Gates are packed greedily into tables of at
     most table_width qubits (a wider gate gets its own)."""
-    from .statevector import _gate_matrix
-
     groups: list[tuple[list[int], list[int]]] = []  # (qubits, gates)
     for i in block.gates:
         qs = circuit.instructions[i].qubits
@@ -259,7 +255,7 @@ def diagonal_tables(circuit: Circuit, block: Block, params, dtype, table_width: 
         host, traced = np.ones((2,) * len(qubits), complex), None  # fixed gates' product on the host
         for i in gates:
             ins = circuit.instructions[i]
-            d = _gate_matrix(ins, params, dtype)
+            d = gate_matrix(ins, params, dtype)
             d = (np.diagonal(d) if isinstance(d, np.ndarray) else jnp.diagonal(d)).reshape((2,) * len(ins.qubits))
             factor = broadcast_on(d, list(reversed(ins.qubits)), qubits)  # row-major: last qubit first
             if isinstance(factor, np.ndarray):
@@ -275,13 +271,11 @@ def measure_pass_seconds(num_qubits: int, widths=range(1, 8), dtype=jnp.complex1
     """The cost model's input: seconds of one pass over a state of num_qubits on the default device
     (median of `repeats` after a compile), keyed
       w                  a GEMM block of width w on mid-state axes (a transpose, then the product);
-      ("in_place", w)    a GEMM block on the trailing axes, which needs no transpose (statevector.gemm_in_place);
-      ("elementwise", w) sums of slices on mid-state axes, for w up to statevector.MAX_ELEMENTWISE_WIDTH;
+      ("in_place", w)    a GEMM block on the trailing axes, which needs no transpose (passes.gemm_in_place);
+      ("elementwise", w) sums of slices on mid-state axes, for w up to passes.MAX_ELEMENTWISE_WIDTH;
       "diagonal"         an element-wise diagonal;
       "transpose"        a permutation of the state's axes (the executor's last step, unless the
                          tracked layout ends where it began)."""
-    from .statevector import MAX_ELEMENTWISE_WIDTH, apply_block
-
     rng = np.random.default_rng(0)
     psi = jnp.asarray(rng.standard_normal(2**num_qubits), dtype).reshape((2,) * num_qubits)
 
@@ -328,9 +322,7 @@ COST_MODEL_QUBITS = {"cpu": 18, "gpu": 26, "cuda": 26, "rocm": 26}
 
 def elementwise_width_from(pass_seconds: dict) -> int:
     """The widest w such that sums of slices cost no more than a GEMM, in place, at every width up to
-    w (the default, statevector.ELEMENTWISE_WIDTH, when pass_seconds has no element-wise times)."""
-    from .statevector import ELEMENTWISE_WIDTH
-
+    w (the default, passes.ELEMENTWISE_WIDTH, when pass_seconds has no element-wise times)."""
     if not any(isinstance(key, tuple) and key[0] == "elementwise" for key in pass_seconds):
         return ELEMENTWISE_WIDTH
     width = 0
@@ -352,8 +344,6 @@ def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.co
     does not end where it began. pass_seconds: as from measure_pass_seconds; None: measured once
     per process on the default device at min(n, COST_MODEL_QUBITS) qubits (the ratios between
     widths, not the absolute times, decide)."""
-    from .statevector import block_layout, gemm_in_place
-
     if pass_seconds is None:
         n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(jax.default_backend(), 20))
         pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))

@@ -1,4 +1,4 @@
-"""Gate fusion (pauliprop/fusion.py): a partition that places every gate once, keeps the order of any
+"""Gate fusion (pauliprop/statevector/fusion.py): a partition that places every gate once, keeps the order of any
 two gates that do not commute, keeps dense blocks within k qubits and diagonal blocks diagonal;
 fused simulation (swaps as relabeling included) equal to gate-by-gate simulation, gradients too; a
 cost model that picks the width with the least predicted time."""
@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import statevector as SV
-from pauliprop import fusion
-from pauliprop.fusion import is_diagonal, partition
+from pauliprop.statevector import simulator as SV
+from pauliprop.statevector import fusion, passes
+from pauliprop.statevector.fusion import is_diagonal, partition
 
-from ._strategies import build, gate, params_vector, states
+from .._strategies import build, gate, params_vector, states
 
 
 @st.composite
@@ -55,14 +55,14 @@ def test_diagonal_gates_are_the_ones_with_diagonal_matrices():
         if g.kind == "channel" or name == "pauli_rotation":
             continue
         c = pp.Circuit(g.num_qubits).append(name, range(g.num_qubits), *([0.7] * g.num_params))
-        u = np.asarray(SV._gate_matrix(c.instructions[0], None, jnp.complex128))
+        u = np.asarray(passes.gate_matrix(c.instructions[0], None, jnp.complex128))
         assert is_diagonal(c.instructions[0]) == bool(np.allclose(u, np.diag(np.diagonal(u)))), name
     assert is_diagonal(pp.Circuit(3).pauli_rotation("ZIZ", [0, 1, 2], 0.3).instructions[0])
     assert not is_diagonal(pp.Circuit(3).pauli_rotation("ZXZ", [0, 1, 2], 0.3).instructions[0])
 
 
 @settings(max_examples=12)
-@given(circuits(), st.integers(1, 5), st.integers(0, SV.MAX_ELEMENTWISE_WIDTH))
+@given(circuits(), st.integers(1, 5), st.integers(0, passes.MAX_ELEMENTWISE_WIDTH))
 def test_fused_amplitudes_equal_gate_by_gate(case, k, elementwise_width):
     c, p, state = case
     plain = np.asarray(SV.simulate(c, p, state))
@@ -173,7 +173,7 @@ def test_the_cost_model_picks_the_width_with_the_least_predicted_time():
 def test_the_cost_model_applies_blocks_as_sums_of_slices_up_to_the_width_where_they_stop_paying():
     timings = {w: 10.0 for w in range(1, 6)} | {("in_place", w): 2.0 for w in range(1, 6)} | {"diagonal": 1.0}
     sums = {("elementwise", 1): 1.0, ("elementwise", 2): 1.5, ("elementwise", 3): 1.9, ("elementwise", 4): 2.5}
-    assert fusion.elementwise_width_from(timings) == SV.ELEMENTWISE_WIDTH  # nothing measured: the default
+    assert fusion.elementwise_width_from(timings) == passes.ELEMENTWISE_WIDTH  # nothing measured: the default
     assert fusion.elementwise_width_from(timings | sums) == 3  # 4 is dearer than a GEMM in place
     assert fusion.elementwise_width_from(timings | sums | {("elementwise", 2): 9.0}) == 1  # every width up to it
     c = pp.ansatz.hardware_efficient(8, 3, rotations=("ry", "rz"), entangler="cx")

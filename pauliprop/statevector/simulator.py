@@ -1,7 +1,7 @@
 """Exact dense state-vector simulation: the reference for every estimate, and the exact method.
 
 Amplitudes are little-endian (qubit q is bit q of the basis index). Gate matrices come from the
-shared gate table. `simulate(fuse=None)` is the small, clear reference: a lax.scan over the
+shared gate table (passes.py). `simulate(fuse=None)` is the small, clear reference: a lax.scan over the
 circuit's gate table, one pass per gate, whose compile time does not grow with depth.
 `simulate(fuse=k | "auto" | plan)` runs a fusion plan (fusion.py), a few passes for hundreds of
 gates, up to the device's memory; the plan unrolls into the trace per pass (fixed gates are
@@ -17,65 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .circuits import gates as _g
-from .circuits.circuit import Circuit, Param
-from .algebra.overlap import bloch_vectors
-from .algebra.paulisum import PauliSum
+from ..algebra.overlap import bloch_vectors
+from ..algebra.paulisum import PauliSum
+from ..algebra.words import unpack_bits
+from ..circuits.circuit import Circuit, Param
+from .fusion import apply_diagonal, block_matrix, diagonal_tables, resolve_plan
 from .memory import device_memory_bytes
-from .algebra.words import unpack_bits
-
-def _angle(a, params):
-    if isinstance(a, Param):
-        return a.scale * params[a.index] + a.offset
-    return a
-
-
-def is_fixed(ins) -> bool:
-    """Whether the gate's matrix is known without params (no Param angle): fusion multiplies such
-    gates into their block on the host, so they cost nothing in the trace."""
-    return not any(isinstance(a, Param) for a in ins.args)
-
-
-def _unitary_gate(ins):
-    """The instruction's gate, which must be a unitary (the state-vector backend has no channels)."""
-    g = ins.gate
-    if g.kind == "channel":
-        raise ValueError(f"gate '{g.name}' is a noise channel: the state-vector backend simulates unitaries only")
-    return g
-
-
-def _gate_matrix(ins, params, dtype):
-    """The gate's unitary: a host (numpy, complex128) array when it is fixed, else traced in `dtype`."""
-    g = _unitary_gate(ins)
-    if g.unitary is not None:
-        return np.asarray(g.unitary, complex)
-    generator = ins.generator
-    if is_fixed(ins):
-        return _g.rotation_matrix(generator, float(ins.args[0]))
-    a = _angle(ins.args[0], params)
-    p = jnp.asarray(_g.pauli_matrix(generator), dtype)
-    return jnp.cos(a / 2).astype(dtype) * jnp.eye(p.shape[0], dtype=dtype) - 1j * jnp.sin(a / 2).astype(dtype) * p
-
-
-def apply_matrix(psi, matrix, qubits, num_qubits):
-    """Apply a k-qubit matrix (little-endian on `qubits`) to a state of shape (2,)*n (axis n-1-q = qubit q).
-    On the host (numpy) when both are numpy arrays, else in JAX in psi's dtype."""
-    axes = [num_qubits - 1 - q for q in qubits]
-    xp = np if isinstance(psi, np.ndarray) and isinstance(matrix, np.ndarray) else jnp
-    return xp.moveaxis(_contract(psi, matrix, axes), list(range(len(axes))), list(reversed(axes)))
-
-
-def _contract(psi, matrix, axes):
-    """tensordot of the matrix with psi's `axes` (bit j of the matrix index is axis axes[j]); the
-    result has the block's axes first, most significant bit first, then psi's other axes in order.
-    On the host (numpy) when both are numpy arrays."""
-    k = len(axes)
-    pairs = (list(range(k, 2 * k)), list(reversed(axes)))
-    if isinstance(psi, np.ndarray) and isinstance(matrix, np.ndarray):
-        return np.tensordot(matrix.reshape((2,) * (2 * k)), psi, axes=pairs)
-    m = jnp.asarray(matrix, psi.dtype).reshape((2,) * (2 * k))  # row index bits, most significant first
-    # HIGHEST: GPUs otherwise contract complex64 in TF32 (1e-4 errors)
-    return jnp.tensordot(m, psi, axes=pairs, precision=jax.lax.Precision.HIGHEST)
+from .passes import apply_block, unitary_gate
 
 
 def product_kets(state, num_qubits) -> np.ndarray:
@@ -126,7 +74,7 @@ def gate_table(circuit: Circuit, num_qubits: int, length: int | None = None) -> 
                   np.zeros(count, np.int64), np.ones(count, complex), np.zeros(count, np.int32),
                   np.zeros(count), np.zeros(count))
     for g, i in enumerate(ins):
-        gd = _unitary_gate(i)
+        gd = unitary_gate(i)
         if gd.unitary is not None:
             u = np.asarray(gd.unitary, complex)
             if len(i.qubits) == 1:
@@ -262,52 +210,9 @@ def initial_state(state, num_qubits, dtype=jnp.complex128):
     return product_state(product_kets(state, num_qubits), range(num_qubits - 1, -1, -1), dtype).reshape(-1)
 
 
-ELEMENTWISE_WIDTH = 2  # default: blocks up to this width are applied as sums of slices, wider ones as a GEMM
-MAX_ELEMENTWISE_WIDTH = 4  # the widest the cost model may apply as sums of slices (2^k terms per amplitude)
-
-
-def apply_block(psi, matrix, axes, elementwise_width: int = ELEMENTWISE_WIDTH):
-    """Apply a k-qubit matrix to psi's axes `axes` (bit j of the matrix index is axis axes[j]).
-    Returns (psi, moved): moved[i] is the input axis now at axis i.
-
-    Up to `elementwise_width` qubits: each output slice is a sum of 2^k input slices, which XLA fuses
-    into one element-wise pass (a dot over a few rows would be a poor GEMM plus transposes). Wider:
-    one tensordot, whose result keeps the block's axes first instead of being transposed back."""
-    k = len(axes)
-    moved = block_layout(psi.ndim, axes, elementwise_width)
-    if k > elementwise_width:
-        return _contract(psi, matrix, axes), moved
-    slices = {}
-    for col in range(2**k):
-        index = [slice(None)] * psi.ndim
-        for j, a in enumerate(axes):
-            index[a] = (col >> j) & 1
-        slices[col] = psi[tuple(index)]
-    outs = [sum(matrix[row, col] * slices[col] for col in range(2**k)) for row in range(2**k)]
-    # restack: the block's axes go last (most significant bit first), then are not moved back
-    return jnp.stack(outs, axis=-1).reshape(slices[0].shape + (2,) * k), moved
-
-
-def block_layout(ndim: int, axes, elementwise_width: int = ELEMENTWISE_WIDTH) -> list[int]:
-    """apply_block's `moved`: where each input axis goes when a block acts on `axes` (the block's
-    axes, most significant bit first, go last for element-wise blocks and first for GEMMs)."""
-    rest = [a for a in range(ndim) if a not in axes]
-    rows = list(reversed(axes))
-    return rest + rows if len(axes) <= elementwise_width else rows + rest
-
-
-def gemm_in_place(ndim: int, axes) -> bool:
-    """Whether a GEMM block on `axes` needs no transpose first: its axes are the leading or trailing
-    ones, in the order the matrix's index reads them (axes[0], its bit 0, the most minor)."""
-    k = len(axes)
-    return list(reversed(axes)) in (list(range(k)), list(range(ndim - k, ndim)))
-
-
 def run_plan(plan, params, psi, at, dtype):
     """Apply a fusion.Plan's blocks to psi (axis a holds wire at[a]) without transposing back: the
     layout is tracked instead. Returns (psi, at)."""
-    from .fusion import apply_diagonal, block_matrix, diagonal_tables
-
     at = list(at)
     for block in plan.blocks:
         if block.diagonal:
@@ -340,8 +245,6 @@ def simulate(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fus
         table = gate_table(circuit, width, padded_length(len(circuit.instructions)))
         psi = _run_reference(table, parameter_values(params, jnp.finfo(dtype).dtype), psi)
         return psi if width == n else psi[:2**n]
-    from .fusion import resolve_plan
-
     p = resolve_plan(circuit, fuse, dtype)  # checks fuse before anything is allocated
     at = list(range(n - 1, -1, -1))
     psi, at = run_plan(p, params, product_state(product_kets(state, n), at, dtype), at, dtype)

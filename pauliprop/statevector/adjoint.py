@@ -21,9 +21,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import statevector as sv
-from .circuits.circuit import Circuit
-from .algebra.paulisum import PauliSum
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
+from . import simulator
 
 
 def value_and_grad(circuit: Circuit, observable: PauliSum, params=None, state="0", dtype=jnp.complex128):
@@ -33,20 +33,20 @@ def value_and_grad(circuit: Circuit, observable: PauliSum, params=None, state="0
     n = circuit.num_qubits
     if observable.num_qubits != n:
         raise ValueError(f"observable acts on {observable.num_qubits} qubits but the circuit has {n}")
-    sv.check_size(n, dtype)
-    sv.require_params(circuit, params)
+    simulator.check_size(n, dtype)
+    simulator.require_params(circuit, params)
     real = jnp.finfo(dtype).dtype
     params = jnp.zeros(circuit.num_params, real) if params is None else jnp.asarray(params, real)
     if params.shape != (circuit.num_params,):
         raise ValueError(f"params has shape {params.shape}; the circuit has {circuit.num_params} parameter(s)")
-    j, table, rows, psi = sv.reference_start(circuit, params, state, dtype)
-    psi = sv.run_gates(j, rows, psi)
+    j, table, rows, psi = simulator.reference_start(circuit, params, state, dtype)
+    psi = simulator.run_gates(j, rows, psi)
     coeffs = jnp.asarray(observable.coeffs, real)
-    terms = (coeffs,) + sv.observable_masks(observable, j.dtype) if len(observable) else None
+    terms = (coeffs,) + simulator.observable_masks(observable, j.dtype) if len(observable) else None
 
     def add_term(lam, term):
         c, xmask, zmask, phase = term
-        return lam + c.astype(dtype) * sv.pauli_times(j, psi, xmask, zmask, phase.astype(dtype)), None
+        return lam + c.astype(dtype) * simulator.pauli_times(j, psi, xmask, zmask, phase.astype(dtype)), None
 
     lam = jax.lax.scan(add_term, jnp.zeros_like(psi), terms)[0] if terms else jnp.zeros_like(psi)
     value = jnp.real(jnp.vdot(psi, lam))
@@ -55,8 +55,8 @@ def value_and_grad(circuit: Circuit, observable: PauliSum, params=None, state="0
         psi, lam = carry
         kind, _, _, _, xmask, zmask, phase, _ = row
         slope = jax.lax.cond(kind == 0, lambda: jnp.zeros((), real),
-                             lambda: jnp.imag(jnp.vdot(lam, sv.pauli_times(j, psi, xmask, zmask, phase))).astype(real))
-        return (sv.gate_step(j, psi, row, inverse=True), sv.gate_step(j, lam, row, inverse=True)), slope
+                             lambda: jnp.imag(jnp.vdot(lam, simulator.pauli_times(j, psi, xmask, zmask, phase))).astype(real))
+        return (simulator.gate_step(j, psi, row, inverse=True), simulator.gate_step(j, lam, row, inverse=True)), slope
 
     slopes = jax.lax.scan(undo, (psi, lam), rows, reverse=True)[1]  # dE/d(angle) per gate
     # angle_g = scale_g params[index_g] + offset_g: the chain rule, summed per parameter

@@ -4,7 +4,7 @@ each device's block, and gates run on local qubits only (HyQuas section 5).
 With D = 2^G devices, the mesh has G axes of size 2, one per global qubit. A gate (or fused block)
 that touches a global qubit first swaps it with a local qubit it does not touch: one all-to-all on
 that qubit's mesh axis, which exchanges half of every block. Which wire sits where, global slots
-and local axes alike (blocks run through statevector.apply_block), is tracked while the circuit is
+and local axes alike (blocks run through passes.apply_block), is tracked while the circuit is
 traced, so nothing is transposed back between gates; at the end the layout is restored (swaps, then
 a local transpose) and the amplitudes come out little-endian, sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
 devices, and on several GPUs.
@@ -20,7 +20,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from .circuits.circuit import Circuit
+from ..circuits.circuit import Circuit
+from . import simulator
+from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, resolve_plan
+from .passes import apply_block
 
 
 def qubit_mesh(devices=None) -> Mesh:
@@ -38,24 +41,19 @@ def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex
     by their leading G bits. fuse: as in statevector.simulate (None: one step per gate; k; "auto";
     a fusion.Plan). Equal to the single-device simulate; compiled as one program (jit) per call:
     `sharded_program` gives the compiled function of params, to call repeatedly."""
-    from .statevector import require_params
-
     program = sharded_program(circuit, state, dtype, fuse, mesh)
-    require_params(circuit, params)
+    simulator.require_params(circuit, params)
     return program(jnp.zeros(0) if params is None else jnp.asarray(params))
 
 
 def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None, mesh: Mesh | None = None):
     """simulate_sharded as a jitted function of params, checked and planned once."""
-    from . import statevector as sv
-    from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, resolve_plan
-
     mesh = mesh or qubit_mesh()
     G, n = len(mesh.axis_names), circuit.num_qubits
     L = n - G
     if L < 0:
         raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
-    sv.check_size(n, dtype, devices=2**G)
+    simulator.check_size(n, dtype, devices=2**G)
     if fuse is None:  # every gate a block of its own, swaps included
         steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
                      tuple(range(n)))
@@ -65,12 +63,12 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
     if widest > L:
         raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
                          f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
-    kets = sv.product_kets(state, n)
+    kets = simulator.product_kets(state, n)
 
     def local(params):
         # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
         glob, loc = [n - 1 - i for i in range(G)], [n - 1 - G - j for j in range(L)]
-        psi = sv.product_state(kets, loc, dtype)
+        psi = simulator.product_state(kets, loc, dtype)
         for i, w in enumerate(glob):
             psi = psi * jnp.asarray(kets[w], dtype)[lax.axis_index(f"g{i}")]
 
@@ -100,8 +98,8 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
             else:
                 psi = make_local(psi, block.qubits, set(block.qubits))
                 matrix = block_matrix(steps.circuit, block, params, dtype)
-                psi, moved = sv.apply_block(psi, matrix, [loc.index(w) for w in block.qubits], steps.elementwise_width)
-                loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in statevector.run_plan)
+                psi, moved = apply_block(psi, matrix, [loc.index(w) for w in block.qubits], steps.elementwise_width)
+                loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in simulator.run_plan)
         # restore: slot i holds the wire of bit n-1-i, local axis j the wire of bit n-1-G-j
         want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]
         for i in range(G):

@@ -1,4 +1,4 @@
-"""The exact state-vector backend (pauliprop/statevector.py) against Qiskit, and the numpy reference that the
+"""The exact state-vector backend (pauliprop/statevector/simulator.py) against Qiskit, and the numpy reference that the
 other test files use against both."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop.circuits import gates
-from pauliprop import statevector as SV
+from pauliprop.statevector import simulator as SV
 
-from . import _reference as R
-from ._strategies import build, gate, params_vector, states
+from .. import _reference as R
+from .._strategies import build, gate, params_vector, states
 
 qiskit = pytest.importorskip("qiskit")
 # Qiskit's PauliEvolutionGate builds its matrix through scipy.sparse, which warns about formats

@@ -1,4 +1,4 @@
-"""Adjoint differentiation of the state vector (pauliprop/statevector_adjoint.py): value and gradient
+"""Adjoint differentiation of the state vector (pauliprop/statevector/adjoint.py): value and gradient
 equal JAX's reverse mode through statevector.expectation on random circuits over the whole unitary
 gate table, under jit and vmap too; its compiled scratch does not grow with depth; bad input names
 the cause."""
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import statevector as SV
-from pauliprop.statevector_adjoint import value_and_grad
+from pauliprop.statevector import simulator as SV
+from pauliprop.statevector.adjoint import value_and_grad
 
-from ._strategies import NUM_PARAMS, build, gate, observable_terms, params_vector, paulisum, states
+from .._strategies import NUM_PARAMS, build, gate, observable_terms, params_vector, paulisum, states
 
 
 @st.composite
