@@ -14,7 +14,8 @@ from .runtime import compilation
 
 compilation.enable()  # JAX's persistent compilation cache (pauliprop/runtime/compilation.py)
 
-from . import ansatz, hamiltonians, sharded, statevector  # noqa: E402
+from . import sharded, statevector  # noqa: E402
+from .models import ansatz, hamiltonians
 from .circuits import gates  # noqa: E402 - pp.gates: the gate table module, which stabilizer reads too
 from .circuits.circuit import Circuit, Instruction, Param
 from .circuits.gates import GATES, GateDef

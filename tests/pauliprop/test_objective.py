@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import pauliprop as pp
-from pauliprop import ansatz
+from pauliprop.models import ansatz
 
 
 def _case(n=4, layers=2, seed=0):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import ansatz
+from pauliprop.models import ansatz
 
 from ._strategies import CAPACITY, UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build, observable_terms, \
     params_vector, paulisum, states

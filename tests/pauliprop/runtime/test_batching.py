@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pauliprop as pp
-from pauliprop import ansatz
+from pauliprop.models import ansatz
 from pauliprop.runtime.batching import batch_size, batched, shared
 
 

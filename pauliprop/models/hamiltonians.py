@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .algebra.paulisum import PauliSum
+from ..algebra.paulisum import PauliSum
 
 Edges = Sequence[tuple[int, int]]
 
@@ -24,7 +24,9 @@ def chain(num_qubits: int, periodic: bool = False) -> list[tuple[int, int]]:
     return edges
 
 
-def _edges(num_qubits: int, edges: Edges | None, periodic: bool) -> list[tuple[int, int]]:
+def checked_edges(num_qubits: int, edges: Edges | None, periodic: bool) -> list[tuple[int, int]]:
+    """The edges as (a, b) int pairs of distinct qubits in range (a ValueError names the first bad
+    one), or the chain (open or periodic) when edges is None."""
     if edges is None:
         return chain(num_qubits, periodic)
     out = []
@@ -50,7 +52,7 @@ def weighted_edges(caller: str, edges: Edges, num_qubits: int | None, weights: S
         if not edges:
             raise ValueError(f"{caller}: no edges and no num_qubits")
         num_qubits = 1 + max(max(int(a), int(b)) for a, b in edges)
-    e = _edges(num_qubits, edges, False)
+    e = checked_edges(num_qubits, edges, False)
     w = [1.0] * len(e) if weights is None else [float(v) for v in weights]
     if len(w) != len(e):
         raise ValueError(f"{caller}: {len(w)} weights for {len(e)} edges")
@@ -64,7 +66,7 @@ def tfim(num_qubits: int, j: float = 1.0, h: float = 1.0, edges: Edges | None = 
     j = h = 1 is the critical point of the chain. PauliPropagation.jl's TFI benchmark
     (H = sum X + sum ZZ) is j = h = -1.
     """
-    e = _edges(num_qubits, edges, periodic)
+    e = checked_edges(num_qubits, edges, periodic)
     terms = [("ZZ", [a, b], -j) for a, b in e] + [("X", [q], -h) for q in range(num_qubits)]
     return PauliSum.from_list([t for t in terms if t[2] != 0], num_qubits)
 
@@ -75,7 +77,7 @@ def heisenberg(num_qubits: int, jx: float = 1.0, jy: float = 1.0, jz: float = 1.
 
     Positive couplings are antiferromagnetic. The XXZ chain is `xxz`.
     """
-    e = _edges(num_qubits, edges, periodic)
+    e = checked_edges(num_qubits, edges, periodic)
     terms = [(p + p, [a, b], c) for a, b in e for p, c in (("X", jx), ("Y", jy), ("Z", jz))]
     terms += [("Z", [q], h) for q in range(num_qubits)]
     return PauliSum.from_list([t for t in terms if t[2] != 0], num_qubits)

@@ -1,4 +1,4 @@
-"""Model Hamiltonians (pauliprop/hamiltonians.py): each equals its textbook matrix."""
+"""Model Hamiltonians (pauliprop/models/hamiltonians.py): each equals its textbook matrix."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pauliprop as pp
-from pauliprop import hamiltonians as H
+from pauliprop.models import hamiltonians as H
 
 I2 = np.eye(2)
 PAULI = {"X": np.array([[0, 1], [1, 0]]), "Y": np.array([[0, -1j], [1j, 0]]), "Z": np.diag([1.0, -1.0])}

@@ -1,4 +1,4 @@
-"""Model circuits (pauliprop/models.py): IBM Eagle's heavy-hex lattice and the kicked Ising circuit."""
+"""Model circuits (pauliprop/models/kicked_ising_127.py): IBM Eagle's heavy-hex lattice and the kicked Ising circuit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pauliprop as pp
-from pauliprop import models as M
+from pauliprop.models import kicked_ising_127 as M
 from pauliprop import program as P
 
 
@@ -108,7 +108,7 @@ def test_five_step_magnetization_at_pi_4_matches_the_exact_value():
     """127-qubit kicked Ising, M_z after 5 steps at theta_h = pi/4: within 1e-3 of the exact value.
 
     min_abs_coeff 1e-5 keeps about 1.5e6 terms (about 2 minutes on 2 CPU cores); the exact value is
-    exact.csv's column 4a (kept in pauliprop.models with its source).
+    exact.csv's column 4a (kept in pauliprop.models.kicked_ising_127 with its source).
     """
     circuit = M.kicked_ising(5, math.pi / 4)
     val, stats = pp.expectation(circuit, M.magnetization(), truncation=pp.Truncation(min_abs_coeff=1e-5),

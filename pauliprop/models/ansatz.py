@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .circuits.circuit import Circuit, Param
-from .hamiltonians import Edges, _edges, weighted_edges
+from ..circuits.circuit import Circuit, Param
+from .hamiltonians import Edges, checked_edges, weighted_edges
 
 _ROTATIONS = ("rx", "ry", "rz")
 _ENTANGLERS = ("cx", "cz", "rzz", "rxx", "ryy")
@@ -31,7 +31,7 @@ def hardware_efficient(num_qubits: int, layers: int, rotations: Sequence[str] = 
         raise ValueError(f"rotations must be a non-empty list of {_ROTATIONS}, got {list(rotations)!r}")
     if entangler not in _ENTANGLERS:
         raise ValueError(f"entangler must be one of {_ENTANGLERS}, got {entangler!r}")
-    e = _edges(num_qubits, edges, periodic)
+    e = checked_edges(num_qubits, edges, periodic)
     c, k = Circuit(num_qubits), 0
 
     def rotation_block():

@@ -1,4 +1,4 @@
-"""Ansatz builders (pauliprop/ansatz.py): parameter order as documented, QAOA equal to its definition."""
+"""Ansatz builders (pauliprop/models/ansatz.py): parameter order as documented, QAOA equal to its definition."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import pauliprop as pp
-from pauliprop import ansatz as A
-from pauliprop import hamiltonians as H
+from pauliprop.models import ansatz as A
+from pauliprop.models import hamiltonians as H
 
 
 def test_hardware_efficient_lays_out_its_parameters_layer_by_layer():

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .circuits.circuit import Circuit, Param
-from .algebra.paulisum import PauliSum
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit, Param
 
 
 def heavy_hex_127() -> list[tuple[int, int]]:
