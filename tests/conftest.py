@@ -31,7 +31,7 @@ jax.config.update("jax_enable_x64", True)
 def several_rooms(monkeypatch):
     """Buffers of test sizes with several rooms: pauliprop gives a buffer of at most
     engine.ONE_ROOM_CAPACITY slots one room, so tests of the room paths lower that bound."""
-    from pauliprop import engine
+    from pauliprop.propagation import engine
 
     monkeypatch.setattr(engine, "ONE_ROOM_CAPACITY", 256)
 

@@ -126,7 +126,7 @@ class Circuit:
         else:
             args = tuple(_check_angle(g.name, a) for a in args)
         self.instructions.append(Instruction(g.name, qubits, args, pauli))
-        self._program_cache = self._num_params = None  # the lowered gate table (pauliprop.propagation.program) is stale now
+        self._program_cache = self._num_params = None  # the lowered gate table (propagation.program) is stale now
         return self
 
     def _check_qubit(self, gate: str, q) -> int:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop.algebra import clifford as K
-from pauliprop import program as P
-from pauliprop import schedule as S
+from pauliprop.propagation import program as P
+from pauliprop.propagation import schedule as S
 from pauliprop.algebra import words as W
 
 from .. import _reference as R

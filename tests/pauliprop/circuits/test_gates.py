@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop.circuits import gates as G
-from pauliprop import program as P
+from pauliprop.propagation import program as P
 
 from .. import _reference as R
 

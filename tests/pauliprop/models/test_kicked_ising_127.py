@@ -12,7 +12,7 @@ import pytest
 
 import pauliprop as pp
 from pauliprop.models import kicked_ising_127 as M
-from pauliprop import program as P
+from pauliprop.propagation import program as P
 
 
 def test_heavy_hex_127_equals_the_reference_file(kicked_ising_dir):

@@ -1,4 +1,4 @@
-"""Several observables through one propagation (pauliprop/shared.py): exact untruncated, linear in the
+"""Several observables through one propagation (pauliprop/propagation/shared.py): exact untruncated, linear in the
 observables under any truncation, batchable, and clear about what it cannot differentiate."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop.models import ansatz
 
-from ._strategies import CAPACITY, UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build, observable_terms, \
+from .._strategies import CAPACITY, UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build, observable_terms, \
     params_vector, paulisum, states
 
 

@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import truncation as _t
-from .circuits.circuit import Circuit
-from .algebra.paulisum import PauliSum
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
+from .propagate import expectation, is_traced, propagate
+from .truncation import Truncation
 
 
 def union(observables) -> tuple[PauliSum, jax.Array]:
@@ -56,7 +57,7 @@ def union(observables) -> tuple[PauliSum, jax.Array]:
     return words, matrix
 
 
-def expectations(circuit: Circuit, observables, params=None, state="0", truncation: _t.Truncation | None = None,
+def expectations(circuit: Circuit, observables, params=None, state="0", truncation: Truncation | None = None,
                  capacity: int | None = None, initial_capacity: int | None = None) -> jax.Array:
     """[<psi| H_k |psi> for H_k in observables]: one propagation of their union, one adjoint sweep.
 
@@ -66,10 +67,8 @@ def expectations(circuit: Circuit, observables, params=None, state="0", truncati
     and in the observables' coefficients; to differentiate several estimates in params, vmap
     `expectation` (or `expectation_fn`) over the observables instead.
     """
-    from .propagate import _is_traced, propagate
-
     words, matrix = union(observables)
-    if capacity is None and not _is_traced(params, matrix):
+    if capacity is None and not is_traced(params, matrix):
         _, stats = propagate(circuit, words, params, truncation, initial_capacity=initial_capacity)
         capacity = stats.capacity
     dtype = jnp.result_type(float)
@@ -80,8 +79,6 @@ def expectations(circuit: Circuit, observables, params=None, state="0", truncati
 def _per_word(circuit, words, params, state, truncation, capacity):
     """d<H_w>/dw: each word's propagated overlap, with the union run's support; not differentiable in
     params (a second-order sweep the engine does not have)."""
-    from .propagate import expectation
-
     def per_word(p, w):
         return jax.grad(lambda cw: expectation(circuit, PauliSum(words.x, words.z, cw, words.num_qubits), p,
                                                state=state, truncation=truncation, capacity=capacity))(w)

@@ -82,7 +82,6 @@ anticommuting words (merge.full_merge), a second sort beside the split's own.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from functools import partial
 from typing import NamedTuple
@@ -93,16 +92,15 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import engine as _e
-from . import merge as _m
-from . import schedule as _s
-from . import truncation as _t
-from .algebra import words as _w
-from .circuits.circuit import Circuit
-from .algebra.paulisum import PauliSum
-from .runtime.prefix import count as _count, first_set, prefix_count
-
-_prop = importlib.import_module(".propagate", __package__)  # the module (the package's `propagate` is its function)
+from ..algebra import words as pauli_words
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
+from ..runtime.prefix import count as _count, first_set, prefix_count
+from . import engine, merge, schedule
+from .propagate import (Jitted, Lowered, as_sum, check_inputs, compiler_options, config, default_capacity, is_traced,
+                        lowered, merged_observable, next_capacity, one_program_per_key, operation_at, params_array,
+                        state_table)
+from .truncation import NO_TRUNCATION, OFF, Limits, Truncation, tie_type
 
 AXIS = "terms"  # the mesh axis of the default mesh
 MIN_SLOTS = 64  # a shard's smallest capacity
@@ -116,8 +114,8 @@ def owner(words, devices: int):
     A function of the word alone, so equal words made on different devices meet on their owner."""
     if devices == 1:
         return jnp.zeros(words.shape[0], jnp.int32)
-    x, z = _m.halves(words)
-    h = _w.mix32(_w.fingerprint(x, z)[0] ^ ROUTE_SALT)
+    x, z = merge.halves(words)
+    h = pauli_words.mix32(pauli_words.fingerprint(x, z)[0] ^ ROUTE_SALT)
     return (h % jnp.uint32(devices)).astype(jnp.int32)
 
 
@@ -129,7 +127,7 @@ class Exchange(NamedTuple):
     meta: jax.Array  # (D, B) int32
 
 
-def _send(buf: _e.Buffer, devices: int, bucket: int, me):
+def _send(buf: engine.Buffer, devices: int, bucket: int, me):
     """(buffer without the words it does not own, their buckets by owner, the largest bucket's need).
     A bucket holds its first `bucket` words in slot order; the need says how many it should hold."""
     cap, lanes = buf.words.shape
@@ -175,12 +173,12 @@ def _exchange(out: Exchange, axis: str, packed: bool = True) -> Exchange:
 
 # ---- settling what arrived ----------------------------------------------------------------------------
 
-def _place(buf: _e.Buffer, words, coeffs, meta, room: int):
+def _place(buf: engine.Buffer, words, coeffs, meta, room: int):
     """The live entries among the first `room` of (words, coeffs, meta) (compacted to the front) into
     the shard's first free slots. Returns (buffer, slots needed if they do not fit, else 0)."""
     cap = buf.coeffs.shape[0]
     live = buf.live
-    n = _count(_m.live_of(meta))
+    n = _count(merge.live_of(meta))
     free = cap - _count(live)
     slot = first_set(~live, room)
     dest = jnp.where(jnp.arange(room) < n, slot, cap)
@@ -192,20 +190,20 @@ def _place(buf: _e.Buffer, words, coeffs, meta, room: int):
 
 def _compact(words, coeffs, meta, room: int):
     """The live entries of an exchange (flattened) moved to the front of `room` entries."""
-    src = first_set(_m.live_of(meta), room)
+    src = first_set(merge.live_of(meta), room)
     ok = src < meta.shape[0]
     s = jnp.minimum(src, meta.shape[0] - 1)
     return jnp.where(ok[:, None], words[s], 0), jnp.where(ok, coeffs[s], 0), jnp.where(ok, meta[s], 0)
 
 
-def _settle_rotation(buf: _e.Buffer, got: Exchange, u, T, rules: _t.Limits, cfg: _e.Config):
+def _settle_rotation(buf: engine.Buffer, got: Exchange, u, T, rules: Limits, cfg: engine.Config):
     """A rotation's spawned partners that arrived, merged with the owner's words that anticommute
     with the generator (the only words they can equal), the per-term rules applied to every word
     the rotation touched, the survivors back into the shard. (buffer, slots needed or 0)."""
-    _, gx, gz = _e._generator(T, u)
-    cand = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+    _, gx, gz = engine.generator(T, u)
+    cand = buf.live & pauli_words.anticommutes(buf.x, buf.z, gx, gz)
     rw, rc, rm = (a.reshape((-1,) + a.shape[2:]) for a in got)
-    rlive = _m.live_of(rm)
+    rlive = merge.live_of(rm)
     cap = buf.coeffs.shape[0]
 
     def in_room(b, room):
@@ -216,7 +214,7 @@ def _settle_rotation(buf: _e.Buffer, got: Exchange, u, T, rules: _t.Limits, cfg:
         words = jnp.concatenate([jnp.where(ok[:, None], b.words[s], 0), w2])
         coeffs = jnp.concatenate([jnp.where(ok, b.coeffs[s], 0), c2])
         meta = jnp.concatenate([jnp.where(ok, b.meta[s], 0), m2])
-        mw, mc, mm, dropped, _ = _m.full_merge(words, coeffs, meta, rules, 2 * room, stop=True, exact=cfg.exact)
+        mw, mc, mm, dropped, _ = merge.full_merge(words, coeffs, meta, rules, 2 * room, stop=True, exact=cfg.exact)
         at = jnp.where(ok, src, cap)
         b = b._replace(coeffs=b.coeffs.at[at].set(0, mode="drop"), meta=b.meta.at[at].set(0, mode="drop"),
                        dropped=b.dropped + dropped)
@@ -227,16 +225,16 @@ def _settle_rotation(buf: _e.Buffer, got: Exchange, u, T, rules: _t.Limits, cfg:
     return lax.switch(pick, [lambda b: (b, jnp.int32(0))] + [partial(in_room, room=r) for r in cfg.rooms], buf)
 
 
-def _settle_merge(buf: _e.Buffer, got: Exchange, rules: _t.Limits, cfg: _e.Config):
+def _settle_merge(buf: engine.Buffer, got: Exchange, rules: Limits, cfg: engine.Config):
     """An amplitude damping's damped words may equal any word: the whole shard merged with what arrived."""
     cap = buf.coeffs.shape[0]
     cat = lambda a, b: jnp.concatenate([a, b.reshape((-1,) + b.shape[2:])])
-    mw, mc, mm, dropped, need = _m.full_merge(cat(buf.words, got.words), cat(buf.coeffs, got.coeffs),
-                                              cat(buf.meta, got.meta), rules, cap, stop=True, exact=cfg.exact)
-    return _e.Buffer(mw, mc, mm, buf.dropped + dropped), need.astype(jnp.int32)
+    mw, mc, mm, dropped, need = merge.full_merge(cat(buf.words, got.words), cat(buf.coeffs, got.coeffs),
+                                                 cat(buf.meta, got.meta), rules, cap, stop=True, exact=cfg.exact)
+    return engine.Buffer(mw, mc, mm, buf.dropped + dropped), need.astype(jnp.int32)
 
 
-def _settle_moved(buf: _e.Buffer, got: Exchange):
+def _settle_moved(buf: engine.Buffer, got: Exchange):
     """A Clifford run's moved words: it permutes the words, so they equal none of the owner's."""
     w, c, m = (a.reshape((-1,) + a.shape[2:]) for a in got)
     room = m.shape[0]
@@ -287,7 +285,7 @@ def _keep_largest(bits, mask, k, tie_all, axis: str):
     return above | lax.cond(psum(_count(ties)) > need, cut_ties, lambda: ties)
 
 
-def _cut(buf: _e.Buffer, limits: _t.Limits, axis: str) -> _e.Buffer:
+def _cut(buf: engine.Buffer, limits: Limits, axis: str) -> engine.Buffer:
     """Keep the max_terms largest live terms of all shards together (none to cut: the buffer as it is)."""
     if limits.max_terms is None:
         return buf
@@ -296,7 +294,7 @@ def _cut(buf: _e.Buffer, limits: _t.Limits, axis: str) -> _e.Buffer:
     def cut(b):
         mag = jnp.abs(b.coeffs)
         bits = lax.bitcast_convert_type(mag, jnp.uint64 if mag.dtype == jnp.float64 else jnp.uint32)
-        kept = _keep_largest(bits, live, limits.max_terms, lambda: _m.tie_keys(b.words).astype(_t._tie_type()), axis)
+        kept = _keep_largest(bits, live, limits.max_terms, lambda: merge.tie_keys(b.words).astype(tie_type()), axis)
         return b._replace(coeffs=jnp.where(kept, b.coeffs, 0), meta=jnp.where(kept, b.meta, 0),
                           dropped=b.dropped.at[3].add(jnp.sum(jnp.where(live & ~kept, mag, 0))))
 
@@ -313,7 +311,7 @@ class Progress(NamedTuple):
     peak: jax.Array  # int32 the largest live count of all shards
 
 
-def _unit(b: _e.Buffer, u, active, live, acts, T, params, limits: _t.Limits, cfg: _e.Config, devices: int,
+def _unit(b: engine.Buffer, u, active, live, acts, T, params, limits: Limits, cfg: engine.Config, devices: int,
           bucket: int, axis: str):
     """Unit u on this shard, its words routed to their owners and settled, the global cut. Returns
     (buffer, need, bucket need, acts); a unit that overflowed anywhere leaves every shard as it was.
@@ -322,44 +320,44 @@ def _unit(b: _e.Buffer, u, active, live, acts, T, params, limits: _t.Limits, cfg
     defer = T["u_defer"][jnp.minimum(u, T["u_kind"].shape[0] - 1)]
     spread = devices > 1
     if spread:  # rules and cut after the exchange: the unit runs without them (truncation.Limits.off_unless)
-        no_cut = limits._replace(max_terms=None if limits.max_terms is None else jnp.asarray(_t.OFF, jnp.int32))
-        local = no_cut.off_unless(~((kind == _s.U_SPLIT) | (kind == _s.U_MERGE)))
+        no_cut = limits._replace(max_terms=None if limits.max_terms is None else jnp.asarray(OFF, jnp.int32))
+        local = no_cut.off_unless(~((kind == schedule.U_SPLIT) | (kind == schedule.U_MERGE)))
     else:
         local = limits
     before = b
-    b, need = _e.apply_unit(b, u, T, params, local, cfg, live_count=live, active=active,
-                            acts=acts if cfg.skip_unmet else None)
+    b, need = engine.apply_unit(b, u, T, params, local, cfg, live_count=live, active=active,
+                                acts=acts if cfg.skip_unmet else None)
     me = lax.axis_index(axis)
     b, out, need_bucket = _send(b, devices, bucket, me)
     got = _exchange(out, axis, packed=not cfg.static_loops)
-    got_support = lax.reduce(jnp.where(_m.live_of(got.meta)[..., None], got.words, jnp.uint32(0)), jnp.uint32(0),
+    got_support = lax.reduce(jnp.where(merge.live_of(got.meta)[..., None], got.words, jnp.uint32(0)), jnp.uint32(0),
                              lax.bitwise_or, (0, 1))
     if spread:
         rules = limits.off_unless(~defer)._replace(max_terms=None)
         branches = [lambda b: _settle_moved(b, got), lambda b: _settle_rotation(b, got, u, T, rules, cfg)]
-        branch = jnp.where(kind == _s.U_SPLIT, 1, 0)
-        if _s.U_MERGE in cfg.units:  # amplitude damping (its code only where the circuit has some)
+        branch = jnp.where(kind == schedule.U_SPLIT, 1, 0)
+        if schedule.U_MERGE in cfg.units:  # amplitude damping (its code only where the circuit has some)
             branches.append(lambda b: _settle_merge(b, got, rules, cfg))
-            branch = jnp.where(kind == _s.U_MERGE, 2, branch)
+            branch = jnp.where(kind == schedule.U_MERGE, 2, branch)
         b, need_settle = lax.switch(jnp.where(active, branch, 0), branches, b)
         b = _cut(b, limits.off_unless(~defer), axis)
         need = jnp.where(need == 0, need_settle, need)
     # one verdict for all shards: grow (the most any shard needed), else order exactly, else the whole room
-    verdict = lax.pmax(jnp.stack([jnp.maximum(need, 0), need_bucket, (need == _m.COLLIDED).astype(jnp.int32),
-                                  (need == _e.WHOLE_ROOM).astype(jnp.int32)]), axis)  # one collective
+    verdict = lax.pmax(jnp.stack([jnp.maximum(need, 0), need_bucket, (need == merge.COLLIDED).astype(jnp.int32),
+                                  (need == engine.WHOLE_ROOM).astype(jnp.int32)]), axis)  # one collective
     most, need_bucket, collided, whole = verdict[0], verdict[1], verdict[2] > 0, verdict[3] > 0
-    need = jnp.where(most > 0, most, jnp.where(collided, _m.COLLIDED, jnp.where(whole, _e.WHOLE_ROOM, 0)))
+    need = jnp.where(most > 0, most, jnp.where(collided, merge.COLLIDED, jnp.where(whole, engine.WHOLE_ROOM, 0)))
     if spread:
         stop = (need != 0) | (need_bucket != 0)
         b = jax.tree_util.tree_map(lambda old, new: jnp.where(stop, old, new), before, b)
     if cfg.skip_unmet:  # as engine.run: where the live words act; a rotation's also where its arrivals act
-        _, gx, gz = _e._generator(T, u)
-        acts = lax.cond(kind == _s.U_SPLIT, lambda: acts | jnp.concatenate([gx, gz]) | got_support,
-                        lambda: _e.support(b))
+        _, gx, gz = engine.generator(T, u)
+        acts = lax.cond(kind == schedule.U_SPLIT, lambda: acts | jnp.concatenate([gx, gz]) | got_support,
+                        lambda: engine.support(b))
     return b, need, need_bucket, acts
 
 
-def run(T: dict, buf: _e.Buffer, start, params, limits: _t.Limits, table, *, cfg: _e.Config, devices: int,
+def run(T: dict, buf: engine.Buffer, start, params, limits: Limits, table, *, cfg: engine.Config, devices: int,
         bucket: int, axis: str):
     """The shard's loop (inside shard_map): units start .. until the end or an overflow anywhere.
     Returns (shard, Progress, the overlap summed over the devices, the dropped 1-norms summed)."""
@@ -383,17 +381,17 @@ def run(T: dict, buf: _e.Buffer, start, params, limits: _t.Limits, table, *, cfg
 
     cond = lambda c: (c[0] < num_units) & (c[2] == 0) & (c[3] == 0)
     live = _count(buf.live)
-    acts = _e.support(buf) if cfg.skip_unmet else jnp.uint32(0)
+    acts = engine.support(buf) if cfg.skip_unmet else jnp.uint32(0)
     init = (jnp.asarray(start, jnp.int32), buf, jnp.int32(0), jnp.int32(0), jnp.zeros(T["u_kind"].shape[0], jnp.int32),
             live, acts)
     u, buf, need, need_bucket, terms, _, _ = lax.while_loop(cond, body, init)
     terms, start_total = lax.psum((terms, live), axis)
-    value = lax.psum(_e.value(buf, table), axis)
+    value = lax.psum(engine.value(buf, table), axis)
     peak = jnp.maximum(start_total, jnp.max(terms))
     return buf, Progress(u, need, need_bucket, terms, peak), value, lax.psum(buf.dropped, axis)
 
 
-def run_static(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, *, cfg: _e.Config, devices: int,
+def run_static(T: dict, buf: engine.Buffer, params, limits: Limits, table, *, cfg: engine.Config, devices: int,
                bucket: int, axis: str):
     """Every unit from 1 on (padding ones are no-ops) in a scan of checkpointed segments, as
     engine._run_static: JAX differentiates it (reverse mode holds O(sqrt(units)) shards). Nothing
@@ -412,10 +410,10 @@ def run_static(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, *, cfg
 
         return lax.scan(one, carry, jnp.arange(seg))[0], None
 
-    acts = _e.support(buf) if cfg.skip_unmet else jnp.uint32(0)
+    acts = engine.support(buf) if cfg.skip_unmet else jnp.uint32(0)
     (buf, _, _, missed), _ = lax.scan(jax.checkpoint(segment), (buf, _count(buf.live), acts, jnp.int32(0)),
                                       jnp.arange(total // seg))
-    return _e.value(buf, table)[None], buf.dropped, missed
+    return engine.value(buf, table)[None], buf.dropped, missed
 
 
 def _shard_map(fn, mesh: Mesh, in_specs, out_specs):
@@ -427,8 +425,8 @@ def _shard_map(fn, mesh: Mesh, in_specs, out_specs):
     return shard_map(fn, mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
-@_prop._one_program_per_key
-def program(cfg: _e.Config, mesh: Mesh, bucket: int, backend: str):
+@one_program_per_key
+def program(cfg: engine.Config, mesh: Mesh, bucket: int, backend: str):
     """The jitted loop over all shards of `mesh` (its one axis) for this configuration: a function of
     (tables, buffer sharded by slots, start unit, params, limits, overlap table)."""
     axis = mesh.axis_names[0]
@@ -437,11 +435,11 @@ def program(cfg: _e.Config, mesh: Mesh, bucket: int, backend: str):
     rep, by_slot = PartitionSpec(), PartitionSpec(axis)
     mapped = _shard_map(fn, mesh, in_specs=(rep, by_slot, rep, rep, rep, rep),
                         out_specs=(by_slot, Progress(rep, rep, rep, rep, rep), rep, rep))
-    return _prop._Jitted(mapped, _prop.compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+    return Jitted(mapped, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
 
 
-@_prop._one_program_per_key
-def static_program(cfg: _e.Config, mesh: Mesh, bucket: int):
+@one_program_per_key
+def static_program(cfg: engine.Config, mesh: Mesh, bucket: int):
     """The jitted `run_static` over all shards of `mesh`: a function of (tables, buffer, params, limits,
     overlap table) -> (each shard's part of the overlap (D,), dropped 1-norms (D*5,), overflowed units)."""
     axis = mesh.axis_names[0]
@@ -506,7 +504,7 @@ def _owners_of(words, devices_array):
     return owner(words, devices_array.shape[0])
 
 
-def _distribute(merged: _e.Buffer, live: int, devices: int, per: int):
+def _distribute(merged: engine.Buffer, live: int, devices: int, per: int):
     """Host arrays (D, per, ...) of the merged observable's words, each in its owner's shard (the slots
     a shard needs, if more than `per`)."""
     at = np.flatnonzero(np.asarray(merged.meta) & 1)
@@ -537,22 +535,22 @@ def _global(host, sharding: NamedSharding):
 def _put(arrays, mesh: Mesh):
     """(D, per, ...) host arrays as a Buffer of global arrays sharded by slots over the mesh."""
     flat = [a.reshape((-1,) + a.shape[2:]) for a in arrays]
-    return _e.Buffer(*_global(flat, NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))))
+    return engine.Buffer(*_global(flat, NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))))
 
 
-@_prop._one_program_per_key
+@one_program_per_key
 def _padding(mesh: Mesh, per: int):
     """The jitted growth of every shard to `per` slots (each device pads its own: no host copy)."""
-    def pad(b: _e.Buffer) -> _e.Buffer:
+    def pad(b: engine.Buffer) -> engine.Buffer:
         grow = lambda a: jnp.pad(a, [(0, per - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-        return _e.Buffer(grow(b.words), grow(b.coeffs), grow(b.meta), b.dropped)
+        return engine.Buffer(grow(b.words), grow(b.coeffs), grow(b.meta), b.dropped)
 
     spec = PartitionSpec(mesh.axis_names[0])
     return jax.jit(_shard_map(pad, mesh, in_specs=(spec,), out_specs=spec))
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
-                truncation: _t.Truncation | None = None, mesh: Mesh | None = None, capacity: int | None = None,
+                truncation: Truncation | None = None, mesh: Mesh | None = None, capacity: int | None = None,
                 initial_capacity: int | None = None, bucket: int | None = None, max_capacity: int = 1 << 30,
                 return_stats: bool = False):
     """<psi| observable |psi>, psi = circuit |state>, with the terms sharded over the devices of `mesh`.
@@ -571,7 +569,7 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     not available. params: one parameter set (1-d); jax.vmap over sets runs (every member takes
     every branch: pp.expectation batches them better).
     """
-    if _prop._is_traced(params) and not _prop._is_traced(observable):
+    if is_traced(params) and not is_traced(observable):
         if return_stats:
             raise ValueError("sharded.expectation under a jax transformation returns the value only "
                              "(return_stats=False)")
@@ -592,14 +590,14 @@ def _warn_missed(missed, overflow_norm):
 class _Setup(NamedTuple):
     mesh: Mesh
     devices: int
-    truncation: _t.Truncation
+    truncation: Truncation
     table: np.ndarray  # the state's overlap table
     per: int  # slots a device
     bucket: int
     backend: str
-    low: "_prop.Lowered"
+    low: "Lowered"
     dtype: jnp.dtype
-    limits: _t.Limits
+    limits: Limits
 
 
 def _setup(circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket) -> _Setup:
@@ -608,46 +606,46 @@ def _setup(circuit, observable, state, truncation, mesh, capacity, initial_capac
     the truncation's limits in the coefficients' dtype."""
     mesh = _check_mesh(mesh)
     devices = mesh.devices.size
-    truncation = truncation or _t.NO_TRUNCATION
-    table = _prop._state_table(state, circuit.num_qubits, observable.num_lanes)
+    truncation = truncation or NO_TRUNCATION
+    table = state_table(state, circuit.num_qubits, observable.num_lanes)
     if capacity is not None:
         per = _shard_slots(capacity, devices, "capacity")
     elif initial_capacity is not None:
         per = _shard_slots(initial_capacity, devices, "initial_capacity")
     else:
-        per = max(MIN_SLOTS, _prop.default_capacity(observable, truncation))
+        per = max(MIN_SLOTS, default_capacity(observable, truncation))
     backend = jax.default_backend()
     dtype = jnp.result_type(float)
     return _Setup(mesh, devices, truncation, table, per, _bucket(bucket, per, devices), backend,
-                  _prop.lowered(circuit, truncation, backend, layers=False), dtype, truncation.limits(dtype))
+                  lowered(circuit, truncation, backend, layers=False), dtype, truncation.limits(dtype))
 
 
 def _traced(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket):
     """expectation with traced params (jax.grad, jit, vmap): fixed shards and buckets, every unit in a
     static loop JAX differentiates (run_static); an overflow is skipped, counted and warned about."""
-    _prop._check_inputs(circuit, observable, params)
+    check_inputs(circuit, observable, params)
     if jnp.ndim(params) != 1:
         raise ValueError(f"sharded.expectation takes one parameter set (a 1-d params); got shape {jnp.shape(params)} "
                          "(under jax.vmap, vmap pp.expectation instead)")
     mesh, devices, truncation, table, per, bucket, backend, low, dtype, limits = _setup(
         circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket)
     with jax.ensure_compile_time_eval():  # the observable is concrete: its merge runs now, under jit too
-        merged, live = _prop._merged_observable(low, observable, truncation, limits, dtype, backend)
+        merged, live = merged_observable(low, observable, truncation, limits, dtype, backend)
         arrays, most = _distribute(merged, int(live), devices, per)
     if arrays is None:
         raise MemoryError(f"the observable's merged terms put {most} on one device, more than the {per} slots a device "
                           "has; pass a larger capacity")
     replicated = NamedSharding(mesh, PartitionSpec())
     longest = int(max(low.units.count.max(initial=1), 1))
-    cfg = _prop._config(low, truncation, per, False, backend, merged=True)._replace(static_loops=longest)
+    cfg = config(low, truncation, per, False, backend, merged=True)._replace(static_loops=longest)
     parts, dropped, missed = static_program(cfg, mesh, bucket)(
-        _global(low.tables, replicated), _put(arrays, mesh), _prop._params_array(params, circuit.num_params, dtype),
+        _global(low.tables, replicated), _put(arrays, mesh), params_array(params, circuit.num_params, dtype),
         *_global((limits, table), replicated))
     jax.debug.callback(_warn_missed, missed, jnp.sum(dropped.reshape(devices, 5)[:, 4]))
     return jnp.sum(parts)
 
 
-def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _t.Truncation | None = None,
+def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: Truncation | None = None,
               mesh: Mesh | None = None, capacity: int | None = None, initial_capacity: int | None = None,
               bucket: int | None = None, max_capacity: int = 1 << 30):
     """The propagated observable as (PauliSum, ShardedStats): pp.propagate's terms, made by the shards of
@@ -655,7 +653,7 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
     other (dead slots have coefficient 0), sharded over the mesh."""
     buf, stats, _ = _drive(circuit, observable, params, "0", truncation, mesh, capacity, initial_capacity, bucket,
                            max_capacity)
-    return PauliSum(*_prop._as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits), stats
+    return PauliSum(*as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits), stats
 
 
 def _bucket(bucket, per: int, devices: int) -> int:
@@ -667,8 +665,8 @@ def _bucket(bucket, per: int, devices: int) -> int:
 
 def _drive(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket, max_capacity):
     """(sharded buffer, ShardedStats, value): the loop run, grown and resumed until it completes."""
-    _prop._check_inputs(circuit, observable, params)
-    if _prop._is_traced(params, observable):
+    check_inputs(circuit, observable, params)
+    if is_traced(params, observable):
         raise TypeError("pauliprop.sharded.propagate runs outside jax transformations (jit, grad, vmap), and "
                         "sharded.expectation differentiates in params only (the observable's coefficients must be "
                         "concrete); pp.expectation differentiates in both")
@@ -677,9 +675,9 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
     mesh, devices, truncation, table, per, bucket, backend, low, dtype, limits = _setup(
         circuit, observable, state, truncation, mesh, capacity, initial_capacity, bucket)
     fixed = capacity is not None
-    p = _prop._params_array(params, circuit.num_params, dtype)
-    assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
-    merged, live = _prop._merged_observable(low, observable, truncation, limits, dtype, backend)
+    p = params_array(params, circuit.num_params, dtype)
+    assert int(low.units.kind[0]) == schedule.U_MERGE, "the schedule's first unit is the observable's merge"
+    merged, live = merged_observable(low, observable, truncation, limits, dtype, backend)
     live = int(live)
     while True:
         arrays, most = _distribute(merged, live, devices, per)
@@ -688,7 +686,7 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
         if fixed:
             raise MemoryError(f"the observable's {live} merged terms put {most} on one device, more than the "
                               f"capacity {capacity} leaves a device ({per}); pass a larger capacity")
-        per = _prop._next_capacity(per, most)
+        per = next_capacity(per, most)
     buf = _put(arrays, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     T = _global(low.tables, replicated)
@@ -697,8 +695,8 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
     unit_terms[0] = live
     start, exact_order, whole_room, peak, resumed = 1, False, False, live, 0
     while True:
-        cfg = _prop._config(low, truncation, per, True, backend, merged=True, exact_order=exact_order,
-                            whole_room=whole_room)
+        cfg = config(low, truncation, per, True, backend, merged=True, exact_order=exact_order,
+                     whole_room=whole_room)
         fn = program(cfg, mesh, bucket, backend)
         buf, prog, val, dropped = fn(T, buf, np.int32(start), *args)
         unit, need, need_bucket, terms, top = (int(v) if np.ndim(v) == 0 else np.asarray(v) for v in
@@ -711,19 +709,19 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
         resumed += 1
         start = unit
         if need_bucket > 0:
-            bucket = _prop._next_capacity(bucket, need_bucket)  # at least twice the old and what it needed
-        if need == _m.COLLIDED:
+            bucket = next_capacity(bucket, need_bucket)  # at least twice the old and what it needed
+        if need == merge.COLLIDED:
             exact_order = True
-        elif need == _e.WHOLE_ROOM:
+        elif need == engine.WHOLE_ROOM:
             whole_room = True
         elif need > 0:
             if fixed:
-                raise MemoryError(f"a shard needs {need} slots at {_prop._operation_at(low, unit)}, more than the "
+                raise MemoryError(f"a shard needs {need} slots at {operation_at(low, unit)}, more than the "
                                   f"{per} a device that capacity={capacity} gives; pass a larger capacity or "
                                   "initial_capacity (which grows)")
-            grown = _prop._next_capacity(per, need)
+            grown = next_capacity(per, need)
             if grown * devices > max_capacity:
-                raise MemoryError(f"a shard needs {need} slots at {_prop._operation_at(low, unit)}: {grown} a device "
+                raise MemoryError(f"a shard needs {need} slots at {operation_at(low, unit)}: {grown} a device "
                                   f"over {devices} devices is more than max_capacity={max_capacity}; add truncation or "
                                   "raise max_capacity")
             per = grown

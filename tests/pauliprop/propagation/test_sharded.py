@@ -1,4 +1,4 @@
-"""Pauli terms sharded over devices (pauliprop/sharded.py): on meshes of 1, 2 and 4 devices (forced
+"""Pauli terms sharded over devices (pauliprop/propagation/sharded.py): on meshes of 1, 2 and 4 devices (forced
 CPU host devices, in a subprocess, since JAX fixes its device count when it starts) the propagated
 terms and the expectation values equal the single-device ones, untruncated and truncated (the
 same kept set under max_terms, whose ties are common at equal angles), every word sits on its
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from ._devices import forced_devices_result
+from .._devices import forced_devices_result
 
 SCRIPT = textwrap.dedent("""
     import json, math, os
@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import pauliprop as pp
-    from pauliprop import models, sharded
+    from pauliprop import models
+    from pauliprop.propagation import sharded
 
     def terms(s):
         x, z, c = (np.asarray(a) for a in (s.x, s.z, s.coeffs))

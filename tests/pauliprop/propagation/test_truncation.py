@@ -1,4 +1,4 @@
-"""Truncation rules (pauliprop/truncation.py) as the engine applies them (merge.py, propagate.py).
+"""Truncation rules (pauliprop/propagation/truncation.py) as the engine applies them (merge.py, propagate.py).
 
 The main property compares the engine with a dict-based reference propagator written from the
 documented semantics (tests/pauliprop/_reference.py): rules applied after every operation, a term
@@ -26,10 +26,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import truncation as T
+from pauliprop.propagation import truncation as T
 
-from . import _reference as R
-from ._strategies import (ALL_KINDS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS, anchored_ops, bloch_vectors,
+from .. import _reference as R
+from .._strategies import (ALL_KINDS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS, anchored_ops, bloch_vectors,
                           build, observable_terms, params_vector, paulisum, states)
 
 
@@ -173,7 +173,7 @@ def test_keep_largest_ties_of_a_large_buffer_order_by_the_keys_top_bits(method):
 _WITHOUT_X64 = """
 import numpy as np, jax, jax.numpy as jnp
 assert not jax.config.jax_enable_x64
-from pauliprop import truncation as T
+from pauliprop.propagation import truncation as T
 rng = np.random.default_rng(0)
 n = 3 * T.BUCKET_ROOM + 5
 mags = np.where(rng.random(n) < 0.7, np.float32(0.25), rng.random(n).astype(np.float32))

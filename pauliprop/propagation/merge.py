@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import truncation as _t
-from .algebra import words as _w
-from .runtime.batching import shared
-from .runtime.prefix import count, first_set, on_cpu, prefix_count
+from ..algebra import words as pauli_words
+from ..runtime.batching import shared
+from ..runtime.prefix import count, first_set, on_cpu, prefix_count
+from .truncation import Limits, keep_largest, violations
 
 DEAD_KEY = np.uint64((1 << 64) - 1)
 BIG = np.int32(2**30)  # a sine count above any limit
@@ -56,7 +56,7 @@ def halves(words):
 
 def weight(words):
     x, z = halves(words)
-    return _w.weight(x, z)
+    return pauli_words.weight(x, z)
 
 
 def live_of(meta):
@@ -88,8 +88,8 @@ def tie_keys(words):
     batch member, another capacity or room keeps the same terms). truncation.TIE_BITS bits (32
     without x64)."""
     x, z = halves(words)
-    w = jnp.minimum(_w.weight(x, z), 1023)
-    h1, h2 = _w.fingerprint(x, z)
+    w = jnp.minimum(pauli_words.weight(x, z), 1023)
+    h1, h2 = pauli_words.fingerprint(x, z)
     if x64():
         return (w.astype(jnp.uint64) << 38) | (h1.astype(jnp.uint64) << 6) | (h2 >> 26).astype(jnp.uint64)
     return (w.astype(jnp.uint32) << 22) | (h1 >> 10)
@@ -101,7 +101,7 @@ def hashes(words, exact: bool = False):
     x, z = halves(words)
     if exact:
         return (x[:, 0] | (z[:, 0] << 16)).astype(jnp.uint32), jnp.zeros(x.shape[0], jnp.uint32)
-    return _w.fingerprint(x, z)
+    return pauli_words.fingerprint(x, z)
 
 
 def sort_keys(words, live, nbits: int, exact: bool = False):
@@ -168,14 +168,14 @@ def _same_as_previous(ws, ls):
     return jnp.concatenate([jnp.zeros(1, bool), eq & ls[1:] & ls[:-1]])
 
 
-def as_limits(truncation) -> _t.Limits:
+def as_limits(truncation) -> Limits:
     """Limits (data) from a Truncation, or Limits as they are."""
-    if isinstance(truncation, _t.Limits):
+    if isinstance(truncation, Limits):
         return truncation
     return truncation.limits(jnp.result_type(float))
 
 
-def _limit(limits: _t.Limits, capacity: int):
+def _limit(limits: Limits, capacity: int):
     """(terms kept after a cut, the dropped-norm entry it charges: 3 for max_terms, 4 for overflow)."""
     if limits.max_terms is None:
         return capacity, 4
@@ -184,7 +184,7 @@ def _limit(limits: _t.Limits, capacity: int):
 
 def rule_charges(limits, coeffs, weights, sins, candidate):
     """(keep mask, the 1-norm each per-term rule dropped (weight, coefficient, sines))."""
-    drop_w, drop_c, drop_s = _t.violations(limits, coeffs, weights, sins)
+    drop_w, drop_c, drop_s = violations(limits, coeffs, weights, sins)
     mag = jnp.abs(coeffs)
     charge = jnp.stack([jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s)])
     # zero coefficients stay: their words carry derivatives (sin(a) c at a = 0); min_abs_coeff drops them
@@ -228,8 +228,8 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     need = count(keep)
     if not (stop and limits.max_terms is None):
         mag = jnp.abs(run_coeff)
-        cut = lambda k: _t.keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i]),
-                                        tiebreak_all=lambda: tie_keys(ws))
+        cut = lambda k: keep_largest(mag, k, limit, tiebreak=lambda i: tie_keys(ws[i]),
+                                     tiebreak_all=lambda: tie_keys(ws))
         capped = lax.cond(shared(need > limit), cut, lambda k: k, keep)
         dropped = dropped.at[rule].add(jnp.sum(jnp.where(keep & ~capped, mag, 0)))
         keep = capped
@@ -271,8 +271,8 @@ def cap_terms(words, coeffs, meta, dropped, truncation, capacity: int):
     def cut(args):
         coeffs, meta, dropped = args
         mag = jnp.abs(coeffs)
-        kept = _t.keep_largest(mag, live, limit, tiebreak=lambda i: tie_keys(words[i]),
-                               tiebreak_all=lambda: tie_keys(words))
+        kept = keep_largest(mag, live, limit, tiebreak=lambda i: tie_keys(words[i]),
+                            tiebreak_all=lambda: tie_keys(words))
         return (jnp.where(kept, coeffs, 0), jnp.where(kept, meta, 0),
                 dropped.at[rule].add(jnp.sum(jnp.where(live & ~kept, mag, 0))))
 
@@ -354,7 +354,7 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     partner = jnp.where(with_next, i + 1, jnp.where(with_prev, i - 1, i))
     px, pz = halves(pw)
     gx, gz = halves(g)
-    sign = _w.product_sign(px, pz, gx, gz)
+    sign = pauli_words.product_sign(px, pz, gx, gz)
     feed = sin * sign.astype(pc.dtype) * pc  # i G P = sign (P xor G)
     new_c = jnp.where(valid, cos * pc + jnp.where(paired, feed[partner], 0), 0)
     new_s = jnp.where(paired, jnp.minimum(ps, ps[partner] + 1), ps)
@@ -397,8 +397,8 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
             keys_all = lambda: jnp.concatenate([tie_keys(words), tie_keys(sw)])
             # max_terms: the bucket selection (fast, common at saturation); otherwise this is the overflow
             # path, which reruns at a larger capacity: one sort, which compiles fastest
-            kept = _t.keep_largest(mag, both, limit, tiebreak=keys_at, tiebreak_all=keys_all,
-                                   method="sort" if limits.max_terms is None and on_cpu() else None)
+            kept = keep_largest(mag, both, limit, tiebreak=keys_at, tiebreak_all=keys_all,
+                                method="sort" if limits.max_terms is None and on_cpu() else None)
             return kept[:cap], kept[cap:], jnp.sum(jnp.where(both & ~kept, mag, 0))
 
         live, keep_new, cut_norm = lax.cond(shared(count(live) + count(keep_new) > cap), cut_both,

@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import engine as _e
-from . import schedule as _s
-from . import truncation as _t
+from . import engine, schedule
+from .truncation import Limits
 
 
 def segment_length(num_units: int) -> int:
@@ -37,7 +36,7 @@ def _diagonal(fn):
     def back(b_in, u, lam, T, params, limits, cfg):
         out, _ = fn(b_in, u, T=T, params=params, limits=limits, cfg=cfg)
         ones = b_in._replace(coeffs=jnp.where(b_in.live, 1, 0).astype(b_in.coeffs.dtype))
-        probe, _ = fn(ones, u, T=T, params=params, limits=_t.Limits(), cfg=cfg)
+        probe, _ = fn(ones, u, T=T, params=params, limits=Limits(), cfg=cfg)
         return jnp.where(out.live, probe.coeffs, 0) * lam, jnp.zeros_like(params)
 
     return back
@@ -61,10 +60,10 @@ def _identity(b_in, u, lam, T, params, limits, cfg):
     return lam, jnp.zeros_like(params)
 
 
-BACKWARD = {_s.U_MERGE: _by_vjp(_e.merge_unit), _s.U_CLIFFORD: _diagonal(_e.clifford_unit),
-            _s.U_SPLIT: _by_vjp(_e.split_unit),
-            _s.U_CHANNEL: _diagonal(_e.channel_unit), _s.U_TRUNCATE: _by_vjp(_e.truncate_unit),
-            _s.U_NOOP: _identity}
+BACKWARD = {schedule.U_MERGE: _by_vjp(engine.merge_unit), schedule.U_CLIFFORD: _diagonal(engine.clifford_unit),
+            schedule.U_SPLIT: _by_vjp(engine.split_unit),
+            schedule.U_CHANNEL: _diagonal(engine.channel_unit), schedule.U_TRUNCATE: _by_vjp(engine.truncate_unit),
+            schedule.U_NOOP: _identity}
 
 
 def unit_backward(b_in, u, lam, T, params, limits, cfg):
@@ -74,7 +73,7 @@ def unit_backward(b_in, u, lam, T, params, limits, cfg):
     return lax.switch(T["u_kind"][u], [lambda lam, f=f: f(b_in, u, lam) for f in branches], lam)
 
 
-def value_and_grad(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, cfg: _e.Config, seg: int):
+def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg: engine.Config, seg: int):
     """(value, final buffer, Progress, d value / d params, d value / d initial coefficients).
 
     The loop runs all T["u_kind"].shape[0] units (padding units are NOOPs), in cut mode."""
@@ -87,7 +86,7 @@ def value_and_grad(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, cf
         def one(i, c):
             b, terms, peak = c
             u = s * seg + i
-            b, _ = _e.apply_unit(b, u, T, params, limits, cfg)
+            b, _ = engine.apply_unit(b, u, T, params, limits, cfg)
             count = jnp.sum(b.live).astype(jnp.int32)
             return b, terms.at[u].set(count), jnp.maximum(peak, count)
 
@@ -97,7 +96,7 @@ def value_and_grad(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, cf
     terms = jnp.zeros(total, jnp.int32)
     peak = jnp.sum(buf.live).astype(jnp.int32)
     (end, terms, peak), starts = lax.scan(forward, (buf, terms, peak), jnp.arange(num_segments))
-    overlaps = _e.word_overlaps(end.x, end.z, table).astype(end.coeffs.dtype)
+    overlaps = engine.word_overlaps(end.x, end.z, table).astype(end.coeffs.dtype)
     lam = jnp.where(end.live, overlaps, 0)
     val = jnp.sum(jnp.where(end.live, end.coeffs, 0) * overlaps)
 
@@ -106,7 +105,7 @@ def value_and_grad(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, cf
         start = jax.tree_util.tree_map(lambda a: a[s], starts)
 
         def replay(b, i):
-            nb, _ = _e.apply_unit(b, s * seg + i, T, params, limits, cfg)
+            nb, _ = engine.apply_unit(b, s * seg + i, T, params, limits, cfg)
             return nb, b
 
         _, inputs = lax.scan(replay, start, jnp.arange(seg))
@@ -121,5 +120,5 @@ def value_and_grad(T: dict, buf: _e.Buffer, params, limits: _t.Limits, table, cf
         return (lam, dp), None
 
     (lam, dp), _ = lax.scan(backward, (lam, jnp.zeros_like(params)), jnp.arange(num_segments), reverse=True)
-    progress = _e.Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms, peak)
+    progress = engine.Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms, peak)
     return val, end, progress, dp, jnp.where(buf.live, lam, 0)

@@ -1,4 +1,4 @@
-"""Duplicate merging and compaction (pauliprop/merge.py).
+"""Duplicate merging and compaction (pauliprop/propagation/merge.py).
 
 * full_merge sums the coefficients of equal words (smallest sine count), drops exact zeros, compacts the
   survivors to the front, and accounts for anything that does not fit.
@@ -14,7 +14,6 @@ max_sins rule exists (elsewhere a merged word keeps the count of one of its path
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 
 import jax
@@ -25,8 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import engine
-from pauliprop import merge as M
+from pauliprop.propagation import engine
+from pauliprop.propagation import merge as M
 from pauliprop.algebra import words as W
 
 SLOTS = 64  # candidate slots in the unit tests (one compile per shape)
@@ -291,7 +290,7 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes, l
     order exactly."""
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
     monkeypatch.setattr(engine, "layers_for", lambda backend, t: layers)
-    PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+    from pauliprop.propagation import propagate as PR
     PR._forward_jit.cache_clear()  # a fresh trace sees the weak fingerprint
     configs = []
     forward_jit = PR._forward_jit

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .runtime.batching import shared
-from .runtime.prefix import count, first_set
+from ..runtime.batching import shared
+from ..runtime.prefix import count, first_set
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
@@ -35,7 +35,7 @@ class Truncation:
     per:           "gate" (default): the rules apply after every gate, as PauliPropagation.jl and
                    cuPauliProp apply them. "layer": after every step of the schedule instead, a
                    run of Clifford gates or a layer of commuting rotations on disjoint qubits
-                   (pauliprop.schedule), so the result does not depend on how commuting gates are
+                   (pauliprop.propagation.schedule), so the result does not depend on how commuting gates are
                    ordered; nothing is dropped inside a step. Untruncated, both are exact.
     """
 
@@ -133,7 +133,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None, 
     if method not in ("bucket", "sort", "bisect"):
         raise ValueError(f"unknown keep_largest method {method!r}")
     bits = lax.bitcast_convert_type(magnitudes, jnp.uint64 if magnitudes.dtype == jnp.float64 else jnp.uint32)
-    utype = _tie_type()
+    utype = tie_type()
     if tiebreak is None:
         tb_at = lambda i: jnp.zeros(i.shape, utype)
     elif callable(tiebreak):
@@ -170,7 +170,7 @@ DIGIT_BITS = 16  # bits a level of the bucket search resolves
 BUCKET_ROOM = 4096  # entries of the threshold's bucket that "bucket" gathers and sorts
 
 
-def _tie_type():
+def tie_type():
     return jnp.uint64 if jax.config.jax_enable_x64 else jnp.uint32
 
 

@@ -1,4 +1,4 @@
-"""The propagation loop's units (pauliprop/engine.py).
+"""The propagation loop's units (pauliprop/propagation/engine.py).
 
 * A layer of rotations on disjoint supports as one LAYER unit (passes over the buffer, each word
   turned by its j-th anticommuting rotation) equals the rotations one by one: the same propagated
@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import engine
-from pauliprop import schedule as S
+from pauliprop.propagation import engine
+from pauliprop.propagation import schedule as S
 
 N = 40  # two lanes, and words of over 16 qubits sort by fingerprint (merge.exact_words)
 
@@ -115,7 +114,7 @@ def test_layers_in_a_batch_and_at_a_fixed_capacity_equal_the_state_vector(monkey
         c.append("pauli_rotation", [0, 3], pp.Param(1), pauli="XY").append("pauli_rotation", [1, 4, 5], 0.4, pauli="ZZX")
         for q in range(0, n - 1, 2):
             c.cz(q, q + 1)
-    PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+    from pauliprop.propagation import propagate as PR
     assert S.U_LAYER in PR.lowered(c, pp.Truncation(), "cpu", layers=True).units.kind
     # the two unit forms share one lowering of the circuit
     assert PR.lowered(c, pp.Truncation(), "cpu", layers=False).schedule is PR.lowered(c, pp.Truncation(), "cpu",
@@ -132,14 +131,14 @@ def test_a_layer_whose_later_pass_reports_a_collision_is_left_unapplied(monkeypa
     """The loop resumes a layer that stopped (an overflow, a fingerprint collision) from its start,
     so a pass that stops must leave the buffer as the layer found it, earlier passes undone: here the
     second pass of RX(0) RX(1) on Z0 Z1 reports a collision."""
-    PR = sys.modules["pauliprop.propagate"]
-    M = sys.modules["pauliprop.merge"]
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.propagation import merge as M
     c = pp.Circuit(N).rx(0, 0.3).rx(1, 0.4)
     obs = pp.PauliSum.from_list([("ZZ", [0, 1], 1.0)], N)
     trunc = pp.Truncation()
     low = PR.lowered(c, trunc, "cpu", layers=True)
     u = int(np.flatnonzero(low.units.kind == S.U_LAYER)[0])
-    cfg = PR._config(low, trunc, 64, True, "cpu")
+    cfg = PR.config(low, trunc, 64, True, "cpu")
     buf = PR._initial_buffer(obs, 64, np.float64)
     params = jnp.zeros(1)
     apply = lambda b: engine.layer_unit(b, u, low.tables, params, trunc.limits(np.float64), cfg)
@@ -162,9 +161,9 @@ def test_a_layer_whose_later_pass_reports_a_collision_is_left_unapplied(monkeypa
 
 def _without_skips(mp):
     """Programs whose rotations never skip their pass (Config.skip_unmet off): the reference."""
-    PR = sys.modules["pauliprop.propagate"]
-    config = PR._config
-    mp.setattr(PR, "_config", lambda *a, **k: config(*a, **k)._replace(skip_unmet=False))
+    from pauliprop.propagation import propagate as PR
+    config = PR.config
+    mp.setattr(PR, "config", lambda *a, **k: config(*a, **k)._replace(skip_unmet=False))
 
 
 @settings(max_examples=10)
@@ -205,14 +204,14 @@ def test_clifford_runs_swept_over_all_words_equal_the_state_vector(case, angle):
     circuit, obs = case
     for q in range(0, 9, 3):  # runs of one- and two-qubit Clifford gates of every kind of table
         circuit.h(q).s(q + 1).cz(q, q + 1).sdg(q).cx(q + 1, q).swap(q, q + 1).sx(q + 1)
-    PR = sys.modules["pauliprop.propagate"]
-    config = PR._config
+    from pauliprop.propagation import propagate as PR
+    config = PR.config
     params = np.array([angle, 0.7])
     exact = float(pp.expectation(circuit, obs, params, method="statevector"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "layers_for", lambda backend, t: False)
         mp.setattr(S, "prefer_dense", lambda *a: False)  # the runs gate by gate, not as dense maps
         in_rooms = float(pp.expectation(circuit, obs, params))
-        mp.setattr(PR, "_config", lambda *a, **k: config(*a, **k)._replace(sweep=True))
+        mp.setattr(PR, "config", lambda *a, **k: config(*a, **k)._replace(sweep=True))
         swept = float(pp.expectation(circuit, obs, params))
     assert abs(in_rooms - exact) < 1e-10 and abs(swept - exact) < 1e-10

@@ -20,14 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import truncation as _t
-from .circuits.circuit import Circuit
-from .algebra.paulisum import PauliSum
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
 from .propagate import CPU_COMPILER_OPTIONS, expectation, propagate
+from .truncation import Truncation
 
 
 def expectation_fn(circuit: Circuit, observable: PauliSum, params0=None, *, state="0",
-                   truncation: _t.Truncation | None = None, capacity: int | None = None, headroom: float = 2.0,
+                   truncation: Truncation | None = None, capacity: int | None = None, headroom: float = 2.0,
                    initial_capacity: int | None = None, method: str = "pauli",
                    return_stats: bool = False) -> Callable:
     """A pure function `f(params, coeffs=None) -> <psi(params)| H(coeffs) |psi(params)>`.

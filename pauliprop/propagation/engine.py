@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .algebra import clifford as _c
-from . import merge as _m
-from . import schedule as _s
-from . import truncation as _t
-from .algebra import words as _w
-from .runtime.batching import shared
-from .runtime.prefix import count as _count, first_set
+from ..algebra import words as pauli_words
+from ..algebra.clifford import apply_map
+from ..algebra.overlap import bloch_vectors
+from ..runtime.batching import shared
+from ..runtime.prefix import count as _count, first_set
+from . import merge, schedule
+from .truncation import Limits
 
 
 class Buffer(NamedTuple):
@@ -47,15 +47,15 @@ class Buffer(NamedTuple):
 
     @property
     def live(self):
-        return _m.live_of(self.meta)
+        return merge.live_of(self.meta)
 
     @property
     def x(self):
-        return _m.halves(self.words)[0]
+        return merge.halves(self.words)[0]
 
     @property
     def z(self):
-        return _m.halves(self.words)[1]
+        return merge.halves(self.words)[1]
 
 
 class Config(NamedTuple):
@@ -74,7 +74,7 @@ class Config(NamedTuple):
     skip_unmet: bool = False  # the loop keeps where the live words act; a rotation that meets none of
     #   those sites splits nothing and skips its pass over the buffer (CPUs: GPUs pass in microseconds)
     exact: bool = False  # words sort by their own bits (merge.hashes): at most 16 qubits
-    units: tuple = tuple(range(len(_s.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
+    units: tuple = tuple(range(len(schedule.UNIT_NAMES)))  # the unit kinds the program holds code for (others: no-ops)
     clifford: tuple = (True, True, True)  # Clifford runs as: dense maps, gate tables, quarter turns of generators
     unroll: int = 1  # bytes of a word a dense map's loop looks up per iteration (clifford.apply_map)
     units_per_test: int = 1  # units the loop applies between two tests of its end (GPUs: more, see run)
@@ -94,12 +94,12 @@ def _elements(start, count, cfg: Config, body, init):
     return lax.fori_loop(start, start + count, lambda j, c: body(j, jnp.asarray(True), c), init)
 
 
-def features(units: "_s.Units", sched: "_s.Schedule") -> dict:
+def features(units: "schedule.Units", sched: "schedule.Schedule") -> dict:
     """The Config fields that say which code a program needs for these units (the rest compiles to no-ops)."""
-    present = tuple(sorted(set(int(k) for k in units.kind) | {_s.U_NOOP}))
-    cl = (bool(np.any(sched.dense & (sched.kind == _s.CLIFFORD))), bool(np.any(sched.cl_kind == _s.TABLE)),
-          bool(np.any(sched.cl_kind == _s.GENERATOR)))
-    return dict(exact=_m.exact_words(sched.num_qubits), units=present, clifford=cl)
+    present = tuple(sorted(set(int(k) for k in units.kind) | {schedule.U_NOOP}))
+    cl = (bool(np.any(sched.dense & (sched.kind == schedule.CLIFFORD))), bool(np.any(sched.cl_kind == schedule.TABLE)),
+          bool(np.any(sched.cl_kind == schedule.GENERATOR)))
+    return dict(exact=merge.exact_words(sched.num_qubits), units=present, clifford=cl)
 
 
 SWEEP = 8  # Clifford gates a sweep applies per iteration (one fused launch on a GPU)
@@ -174,25 +174,25 @@ def _room_pick(count, rooms: tuple):
     return shared(jnp.where(count == 0, 0, 1 + jnp.sum(count > jnp.asarray(rooms, jnp.int32))))
 
 
-def _heavy_out(buf: Buffer, mask, limits: _t.Limits) -> Buffer:
+def _heavy_out(buf: Buffer, mask, limits: Limits) -> Buffer:
     """Drop the words of `mask` heavier than max_weight (their norm charged to the weight rule)."""
     if limits.max_weight is None:
         return buf
-    heavy = mask & buf.live & (_m.weight(buf.words) > limits.max_weight)
+    heavy = mask & buf.live & (merge.weight(buf.words) > limits.max_weight)
     return buf._replace(meta=jnp.where(heavy, 0, buf.meta), coeffs=jnp.where(heavy, 0, buf.coeffs),
                         dropped=buf.dropped.at[0].add(jnp.sum(jnp.where(heavy, jnp.abs(buf.coeffs), 0))))
 
 
-def _drop_rules(buf: Buffer, limits: _t.Limits) -> Buffer:
+def _drop_rules(buf: Buffer, limits: Limits) -> Buffer:
     """The per-term rules on every live word (a dropped slot becomes free)."""
     live = buf.live
-    keep, charge = _m.rule_charges(limits, buf.coeffs, _m.weight(buf.words), _m.sins_of(buf.meta), live)
+    keep, charge = merge.rule_charges(limits, buf.coeffs, merge.weight(buf.words), merge.sins_of(buf.meta), live)
     return buf._replace(coeffs=jnp.where(keep, buf.coeffs, 0), meta=jnp.where(keep, buf.meta, 0),
                         dropped=buf.dropped.at[:3].add(charge))
 
 
-def _cap(buf: Buffer, limits: _t.Limits, capacity: int) -> Buffer:
-    coeffs, meta, dropped = _m.cap_terms(buf.words, buf.coeffs, buf.meta, buf.dropped, limits, capacity)
+def _cap(buf: Buffer, limits: Limits, capacity: int) -> Buffer:
+    coeffs, meta, dropped = merge.cap_terms(buf.words, buf.coeffs, buf.meta, buf.dropped, limits, capacity)
     return buf._replace(coeffs=coeffs, meta=meta, dropped=dropped)
 
 
@@ -206,14 +206,14 @@ def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     q = T["mg_qubit"][j]
     damp = T["mg_op"][j] >= 0
     gamma = T["mg_gamma"][j].astype(buf.coeffs.dtype)
-    xa, za = _w.get_site(buf.x, q), _w.get_site(buf.z, q)
+    xa, za = pauli_words.get_site(buf.x, q), pauli_words.get_site(buf.z, q)
     is_z = buf.live & damp & (xa == 0) & (za == 1)
     factor = jnp.where(damp, jnp.where(is_z, 1 - gamma, jnp.where(xa == 1, jnp.sqrt(1 - gamma), 1.0)), 1.0)
-    damped = jnp.concatenate([buf.x, _w.set_site(buf.z, q, jnp.zeros_like(za))], axis=-1)
+    damped = jnp.concatenate([buf.x, pauli_words.set_site(buf.z, q, jnp.zeros_like(za))], axis=-1)
     cat = lambda a, b: jnp.concatenate([a, b])
-    out = _m.full_merge(cat(buf.words, damped), cat(buf.coeffs * factor, jnp.where(is_z, gamma * buf.coeffs, 0)),
-                        cat(buf.meta, jnp.where(is_z, buf.meta, 0)), limits, cfg.capacity, stop=cfg.stop,
-                        exact=cfg.exact)
+    out = merge.full_merge(cat(buf.words, damped), cat(buf.coeffs * factor, jnp.where(is_z, gamma * buf.coeffs, 0)),
+                           cat(buf.meta, jnp.where(is_z, buf.meta, 0)), limits, cfg.capacity, stop=cfg.stop,
+                           exact=cfg.exact)
     new = Buffer(*out[:3], buf.dropped + out[3])
     if not cfg.stop:
         return new, jnp.int32(0)
@@ -223,8 +223,8 @@ def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
 def _site_mask(q, lanes: int):
     """(W,) uint32: qubit q's bit in a packed word (q traced)."""
-    shift = (q % _w.LANE_BITS).astype(jnp.uint32)
-    return jnp.where(jnp.arange(lanes) == q // _w.LANE_BITS, jnp.uint32(1) << shift, jnp.uint32(0))
+    shift = (q % pauli_words.LANE_BITS).astype(jnp.uint32)
+    return jnp.where(jnp.arange(lanes) == q // pauli_words.LANE_BITS, jnp.uint32(1) << shift, jnp.uint32(0))
 
 
 def _has(words, mask):
@@ -242,21 +242,21 @@ def _table_code(T, j, x, z):
 
 def _element_touched(T, j, words, kinds=(True, True, True)):
     """The words Clifford element j moves: non-identity on its qubits (a table), anticommuting (a turn)."""
-    x, z = _m.halves(words)
+    x, z = merge.halves(words)
     on_table = _table_code(T, j, x, z)[0] != 0
     if not kinds[2]:
         return on_table
-    ac = _w.anticommutes(x, z, T["cl_gx"][j], T["cl_gz"][j])
+    ac = pauli_words.anticommutes(x, z, T["cl_gx"][j], T["cl_gz"][j])
     if not kinds[1]:
         return ac
-    return jnp.where(T["cl_kind"][j] == _s.TABLE, on_table, ac)
+    return jnp.where(T["cl_kind"][j] == schedule.TABLE, on_table, ac)
 
 
 def _element_image(T, j, words, kinds=(True, True, True)):
     """The image of words under Clifford element j: (words, sign, touched). kinds: which element forms
     (gate tables, quarter turns of generators) the program holds code for. A table's 16 image codes
     and signs are packed into three scalars and read by shifts: no gathers over the words."""
-    x, z = _m.halves(words)
+    x, z = merge.halves(words)
     out = []
     if kinds[1]:
         code, ma, mb = _table_code(T, j, x, z)
@@ -275,20 +275,20 @@ def _element_image(T, j, words, kinds=(True, True, True)):
     if kinds[2]:  # a quarter turn of a generator on three or more qubits
         gx, gz = T["cl_gx"][j], T["cl_gz"][j]
         k = T["cl_turns"][j] % 4
-        ac = _w.anticommutes(x, z, gx, gz)
+        ac = pauli_words.anticommutes(x, z, gx, gz)
         odd = (k % 2) == 1
-        ps = _w.product_sign(x, z, gx, gz).astype(jnp.int32)
+        ps = pauli_words.product_sign(x, z, gx, gz).astype(jnp.int32)
         g_sign = jnp.where(ac, jnp.where(odd, jnp.where(k == 1, 1, -1) * ps, -1), 1)
         flip = ac & odd
         g = jnp.concatenate([gx, gz])
         out.append((jnp.where(flip[:, None], words ^ g, words), g_sign, ac))
     if len(out) == 1:
         return out[0]
-    table = T["cl_kind"][j] == _s.TABLE
+    table = T["cl_kind"][j] == schedule.TABLE
     return tuple(jnp.where(table[..., None] if t.ndim == 2 else table, t, g) for t, g in zip(*out))
 
 
-def _remap(buf: Buffer, touched, image, limits: _t.Limits, capacity: int) -> Buffer:
+def _remap(buf: Buffer, touched, image, limits: Limits, capacity: int) -> Buffer:
     """Apply a word map (a Clifford: it permutes signed words) to the `touched` live words.
 
     None touched: nothing to do (common outside the light cone). A few (up to C/16): gathered into
@@ -321,12 +321,12 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     Per gate, the weight rule drops a word after the gate that made it too heavy; per layer (and for
     a dense map) after the run."""
     weight_each = cfg.per == "gate"
-    end_limits = limits if not weight_each else _t.Limits()
-    gate_limits = _t.Limits(max_weight=limits.max_weight) if weight_each else _t.Limits()
+    end_limits = limits if not weight_each else Limits()
+    gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
 
     def dense(b):
         m = T["u_start"][u]
-        x, z, sign = _c.apply_map(b.x, b.z, T["map_x"][m], T["map_z"][m], T["map_phase"][m], cfg.unroll)
+        x, z, sign = apply_map(b.x, b.z, T["map_x"][m], T["map_z"][m], T["map_phase"][m], cfg.unroll)
         b = b._replace(words=jnp.concatenate([x, z], -1), coeffs=b.coeffs * sign.astype(b.coeffs.dtype))
         return _heavy_out(b, b.live, limits)
 
@@ -370,7 +370,7 @@ def support(buf: Buffer):
     return lax.reduce(jnp.where(buf.live[:, None], buf.words, jnp.uint32(0)), jnp.uint32(0), lax.bitwise_or, (0,))
 
 
-def _generator(T, u):
+def generator(T, u):
     """(the rotation table's row of unit u, clamped into the table, and its generator's x and z lanes)."""
     j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
     return j, T["rot_gx"][j], T["rot_gz"][j]
@@ -382,17 +382,17 @@ def _rotation(buf: Buffer, u, T, params, acts=None, split=True):
     anticommute with the generator (it meets none of their sites: outside the observable's light
     cone, most rotations of a deep circuit's last layers), or the unit is no rotation (not `split`),
     the pass over the buffer is skipped."""
-    j, gx, gz = _generator(T, u)
+    j, gx, gz = generator(T, u)
     angle = _angle(T, j, params).astype(buf.coeffs.dtype)
 
     def anticommuting():
-        ac = buf.live & _w.anticommutes(buf.x, buf.z, gx, gz)
+        ac = buf.live & pauli_words.anticommutes(buf.x, buf.z, gx, gz)
         return ac, _count(ac)
 
     if acts is None:
         ac, n = anticommuting()
     else:
-        ax, az = _m.halves(acts)
+        ax, az = merge.halves(acts)
         meets = split & jnp.any(((ax & gz) | (az & gx)) != 0)
         ac, n = lax.cond(shared(meets), anticommuting,
                          lambda: (jnp.zeros(buf.meta.shape, bool), jnp.int32(0)))
@@ -413,9 +413,9 @@ def _split_pick(live_count, splitting, cfg: Config):
 def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
     """The rotation of unit u with its splitting words in `room` slots (merge.pair_split), no cut after."""
     angle, g, ac, _ = rotation
-    out = _m.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
-                        limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
-                        fits=room < cfg.rooms[-cfg.cut_rooms], report_collisions=cfg.report_collisions)
+    out = merge.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
+                           limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
+                           fits=room < cfg.rooms[-cfg.cut_rooms], report_collisions=cfg.report_collisions)
     return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
 
@@ -441,7 +441,7 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 def _nth_set_bit(rows, j):
     """(index, found): the position of the j-th (from 0) set bit of each row of packed bits (R, W)
     uint32, and whether the row has that many."""
-    counts = _w.popcount(rows)
+    counts = pauli_words.popcount(rows)
     lane, before, upto = (jnp.zeros(rows.shape[0], jnp.int32),) * 3
     for l in range(1, rows.shape[1]):  # the lane holding it: the last whose earlier lanes hold <= j
         upto = upto + counts[:, l - 1]
@@ -451,10 +451,10 @@ def _nth_set_bit(rows, j):
     word = jnp.take_along_axis(rows, lane[:, None], axis=1)[:, 0]
     pos = jnp.zeros_like(rank)
     for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the lane's word
-        low = _w.popcount(word & jnp.uint32((1 << width) - 1))
+        low = pauli_words.popcount(word & jnp.uint32((1 << width) - 1))
         up = rank >= low
         rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
-    return lane * _w.LANE_BITS + pos, jnp.sum(counts, axis=1, dtype=jnp.int32) > j
+    return lane * pauli_words.LANE_BITS + pos, jnp.sum(counts, axis=1, dtype=jnp.int32) > j
 
 
 def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -473,7 +473,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     With cfg.stop, a pass that would overflow (or that reports a collision) leaves the layer
     unapplied: the caller grows the buffer (or orders exactly) and resumes at this unit."""
     lanes = buf.words.shape[1] // 2
-    most = _w.LANE_BITS * lanes  # rotations on disjoint supports: at most one a qubit
+    most = pauli_words.LANE_BITS * lanes  # rotations on disjoint supports: at most one a qubit
     start, count = T["u_start"][u], T["u_count"][u]
     rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
     in_layer = jnp.arange(most) < count
@@ -481,17 +481,18 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     angle = _angle(T, rows, params).astype(buf.coeffs.dtype)
     gens, cos, sin = jnp.concatenate([gx, gz], -1), jnp.cos(angle), jnp.sin(angle)
     rule_limits = limits.off_unless(~T["u_defer"][u])
-    shifts = jnp.arange(_w.LANE_BITS, dtype=jnp.uint32)
+    shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)
 
     def anticommuting(b):
         """(C, W) uint32, bit i of lane l: the live word anticommutes with the layer's rotation 32 l + i."""
-        ac = _w.anticommutes(b.x[:, None, :], b.z[:, None, :], gx[None], gz[None]) & in_layer & b.live[:, None]
-        bits = ac.reshape(-1, lanes, _w.LANE_BITS).astype(jnp.uint32) << shifts
+        ac = pauli_words.anticommutes(b.x[:, None, :], b.z[:, None, :], gx[None], gz[None]) & in_layer & b.live[:, None]
+        bits = ac.reshape(-1, lanes, pauli_words.LANE_BITS).astype(jnp.uint32) << shifts
         return lax.reduce(bits, jnp.uint32(0), lax.bitwise_or, (2,))
 
     def in_room(b, gate, turning, room):
-        out = _m.pair_split(b.words, b.coeffs, b.meta, turning, gens[gate], cos[gate], sin[gate], rule_limits,
-                            cfg.capacity, room, stop=cfg.stop, exact=cfg.exact, report_collisions=cfg.report_collisions)
+        out = merge.pair_split(b.words, b.coeffs, b.meta, turning, gens[gate], cos[gate], sin[gate], rule_limits,
+                               cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
+                               report_collisions=cfg.report_collisions)
         return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
 
     def step(state):
@@ -503,7 +504,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
         return j + 1, b, need
 
     # int32 sums: a plain one widens to int64 under x64, which XLA:GPU kept per word (8 bytes a slot)
-    passes = shared(jnp.max(jnp.sum(_w.popcount(anticommuting(buf)), axis=1, dtype=jnp.int32)))
+    passes = shared(jnp.max(jnp.sum(pauli_words.popcount(anticommuting(buf)), axis=1, dtype=jnp.int32)))
     _, out, need = lax.while_loop(lambda st: (st[0] < passes) & (st[2] == 0), step, (jnp.int32(0), buf, jnp.int32(0)))
     if not cfg.stop:
         return out, jnp.int32(0)
@@ -513,12 +514,12 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     """Pauli channels: each scales a word by the factor of its code on the channel's qubit; per gate,
     the coefficient rule drops what falls under it after each channel."""
-    each = _t.Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.per == "gate" else _t.Limits()
+    each = Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.per == "gate" else Limits()
 
     def one(j, valid, b):
         j = jnp.minimum(j, T["ch_qubit"].shape[0] - 1)
         q = T["ch_qubit"][j]
-        code = (_w.get_site(b.x, q) | _w.get_site(b.z, q) << 1).astype(jnp.int32)
+        code = (pauli_words.get_site(b.x, q) | pauli_words.get_site(b.z, q) << 1).astype(jnp.int32)
         factor = jnp.where(valid, T["ch_factor"][j][code], 1).astype(b.coeffs.dtype)
         b = b._replace(coeffs=b.coeffs * factor)
         return _drop_rules(b, each) if each.min_abs_coeff is not None else b
@@ -538,9 +539,9 @@ def noop_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return buf, jnp.int32(0)
 
 
-UNIT_FUNCTIONS = {_s.U_MERGE: merge_unit, _s.U_CLIFFORD: clifford_unit, _s.U_SPLIT: split_unit,
-                  _s.U_CHANNEL: channel_unit, _s.U_TRUNCATE: truncate_unit, _s.U_NOOP: noop_unit,
-                  _s.U_LAYER: layer_unit}
+UNIT_FUNCTIONS = {schedule.U_MERGE: merge_unit, schedule.U_CLIFFORD: clifford_unit, schedule.U_SPLIT: split_unit,
+                  schedule.U_CHANNEL: channel_unit, schedule.U_TRUNCATE: truncate_unit, schedule.U_NOOP: noop_unit,
+                  schedule.U_LAYER: layer_unit}
 
 
 def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, acts=None):
@@ -553,18 +554,18 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
     the live words' `support`, when the caller keeps one. Inactive: a no-op."""
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
-    split = kind == _s.U_SPLIT
+    split = kind == schedule.U_SPLIT
     rotation = _rotation(buf, u, T, params, acts, split & active)
     pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
-    index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), _s.U_NOOP)
+    index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), schedule.U_NOOP)
     common = dict(T=T, params=params, limits=limits, cfg=cfg)
-    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != _s.U_SPLIT else noop_unit, u=u, **common)
+    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != schedule.U_SPLIT else noop_unit, u=u, **common)
                 for k in range(kinds)]
-    if _s.U_SPLIT in cfg.units:
+    if schedule.U_SPLIT in cfg.units:
         branches += _room_branches(u, T, limits, cfg, rotation)
     buf, need = lax.switch(shared(index), [lambda b, f=f: f(b) for f in branches], buf)
-    if _s.U_SPLIT in cfg.units:
+    if schedule.U_SPLIT in cfg.units:
         buf = _cap(buf, limits.off_unless(split & ~T["u_defer"][u]), cfg.capacity)
     return buf, need
 
@@ -579,7 +580,7 @@ class Progress(NamedTuple):
     peak: jax.Array  # int32 largest live count
 
 
-def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
+def run(T: dict, buf: Buffer, start, params, limits: Limits, cfg: Config):
     """Apply units start .. num_units - 1 (or, with cfg.stop, until one overflows or reports a collision).
 
     A while loop whose step applies cfg.units_per_test units in a fixed-count loop (the units past
@@ -607,8 +608,9 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
         if cfg.skip_unmet:  # where the live words act, kept as a superset: a rotation's new words act
             # on its generator's sites too, truncation only removes words; other units move words: their OR
             kind = T["u_kind"][jnp.minimum(u, num_units - 1)]
-            _, gx, gz = _generator(T, u)
-            acts = lax.cond(shared(kind == _s.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]), lambda: support(b))
+            _, gx, gz = generator(T, u)
+            acts = lax.cond(shared(kind == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
+                            lambda: support(b))
         return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count, acts
 
     def body(carry):
@@ -624,7 +626,7 @@ def run(T: dict, buf: Buffer, start, params, limits: _t.Limits, cfg: Config):
     return buf, Progress(u, need, terms, peak)
 
 
-def _run_static(T: dict, buf: Buffer, params, limits: _t.Limits, cfg: Config):
+def _run_static(T: dict, buf: Buffer, params, limits: Limits, cfg: Config):
     """All units (padding ones are no-ops) in a scan of checkpointed segments: JAX differentiates it in
     both modes, holding O(sqrt(units)) buffers in reverse mode."""
     total = T["u_kind"].shape[0]
@@ -649,10 +651,8 @@ def _run_static(T: dict, buf: Buffer, params, limits: _t.Limits, cfg: Config):
 
 def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
     """(32 W, 4) factors <psi_q| P |psi_q> of each qubit's state for the codes I, X, Z, Y (host)."""
-    from .algebra.overlap import bloch_vectors
-
     r = bloch_vectors(state, num_qubits)
-    table = np.zeros((_w.LANE_BITS * num_lanes, 4))
+    table = np.zeros((pauli_words.LANE_BITS * num_lanes, 4))
     table[:, 0] = 1.0
     table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = r[:, 0], r[:, 2], r[:, 1]
     return table
@@ -660,12 +660,12 @@ def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
 
 def word_overlaps(x, z, table):
     """<psi| P |psi> of every packed word for a product state given by its overlap_table."""
-    shifts = jnp.arange(_w.LANE_BITS, dtype=jnp.uint32)
+    shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)
     out = jnp.ones(x.shape[:-1], table.dtype)
     for lane in range(x.shape[-1]):
         code = (((x[..., lane, None] >> shifts) & 1) | (((z[..., lane, None] >> shifts) & 1) << 1)).astype(jnp.int32)
-        rows = table[lane * _w.LANE_BITS:(lane + 1) * _w.LANE_BITS]
-        out = out * jnp.prod(rows[jnp.arange(_w.LANE_BITS), code], axis=-1)
+        rows = table[lane * pauli_words.LANE_BITS:(lane + 1) * pauli_words.LANE_BITS]
+        out = out * jnp.prod(rows[jnp.arange(pauli_words.LANE_BITS), code], axis=-1)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Reverse mode of the estimator (pauliprop/adjoint.py): gradients in the circuit parameters and in
+"""Reverse mode of the estimator (pauliprop/propagation/adjoint.py): gradients in the circuit parameters and in
 the observable's coefficients, through every gate kind, with and without truncation.
 
 Untruncated, the gradient is the exact one (state vector, density matrix, central differences).
@@ -9,7 +9,6 @@ differences wherever the support does not change between the two evaluation poin
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 from functools import partial
@@ -22,10 +21,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import adjoint, ansatz
+from pauliprop.models import ansatz
+from pauliprop.propagation import adjoint
 
-from . import _reference as R
-from ._strategies import (ALL_KINDS, CAPACITY, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS, UNITARY_OPS,
+from .. import _reference as R
+from .._strategies import (ALL_KINDS, CAPACITY, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS, UNITARY_OPS,
                           UNITARY_TERMS, anchored_ops, build, observable_terms, params_vector, paulisum, states)
 
 
@@ -50,14 +50,14 @@ def _unit_adjoint_mismatch(circuit, h, params, trunc, cap, seed=0):
     """Run the engine's units one by one; for each, check that its backward map is the transpose of
     its coefficient map with the truncation frozen: <lam, f(c)> = <f^T(lam), c> for a random lam
     (f is linear in c once its decisions are fixed). Returns (units run, largest relative mismatch)."""
-    P = importlib.import_module("pauliprop.propagate")  # the module (pp.propagate is the function)
-    from pauliprop import engine
+    from pauliprop.propagation import propagate as P
+    from pauliprop.propagation import engine
 
     low = P.lowered(circuit, trunc)
     dtype = jnp.result_type(float)
-    p = jnp.asarray(P._params_array(params, circuit.num_params, dtype))
+    p = jnp.asarray(P.params_array(params, circuit.num_params, dtype))
     buf = jax.tree_util.tree_map(jnp.asarray, P._initial_buffer(h, cap, dtype))
-    cfg, limits = P._config(low, trunc, cap, False, jax.default_backend()), trunc.limits(dtype)
+    cfg, limits = P.config(low, trunc, cap, False, jax.default_backend()), trunc.limits(dtype)
     T = {k: jnp.asarray(v) for k, v in low.tables.items()}
     step = jax.jit(lambda b, u: engine.apply_unit(b, u, T, p, limits, cfg)[0])
     back = jax.jit(lambda b, u, lam: adjoint.unit_backward(b, u, lam, T, p, limits, cfg)[0])

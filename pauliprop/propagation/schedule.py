@@ -27,9 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .algebra import clifford as _c
-from . import program as _p
-from .algebra import words as _w
+from ..algebra import clifford, words
+from . import program
 
 MERGE, CLIFFORD, LAYER, CHANNEL, NOOP = range(5)
 KIND_NAMES = ("merge", "clifford", "layer", "channel", "noop")
@@ -109,7 +108,7 @@ def _local_quarter_table(local: tuple, turns: int, one_qubit: bool):
     if one_qubit:  # a one-qubit table acts on the diagonal codes c | c << 2 (program._table_1q)
         gx, gz = gx & np.uint32(1), gz & np.uint32(1)
         x, z = x & np.uint32(1), z & np.uint32(1)
-    rx, rz, sign = _c.apply_quarter_numpy(x, z, gx, gz, turns)
+    rx, rz, sign = clifford.apply_quarter_numpy(x, z, gx, gz, turns)
     bit = lambda words, q: ((words[:, 0] >> np.uint32(q)) & 1).astype(np.int32)
     if one_qubit:
         image = bit(rx, 0) | bit(rz, 0) << 1
@@ -143,21 +142,21 @@ def prefer_dense(num_gates: int, num_lanes: int, backend: str) -> bool:
     return num_gates >= 4 * num_lanes
 
 
-def schedule(prog: _p.Program, weight_each_gate: bool = False, backend: str = "cpu") -> Schedule:
+def schedule(prog: program.Program, weight_each_gate: bool = False, backend: str = "cpu") -> Schedule:
     """Group a lowered Program into steps (backward order).
 
     weight_each_gate: Clifford runs are applied gate by gate, so that the weight rule can drop a
     word after the gate that made it too heavy (truncation per gate with max_weight).
     """
-    n, w = prog.num_qubits, _w.num_lanes(prog.num_qubits)
+    n, w = prog.num_qubits, words.num_lanes(prog.num_qubits)
     steps: list[list] = [[MERGE, [-1], set()]]  # [kind, [rows], qubits a LAYER step holds]
     for r in range(prog.length - 1, -1, -1):
         k = int(prog.kind[r])
-        if k in (_p.CLIFFORD, _p.QUARTER):
+        if k in (program.CLIFFORD, program.QUARTER):
             kind = CLIFFORD
-        elif k == _p.ROTATION:
+        elif k == program.ROTATION:
             kind = LAYER
-        elif k == _p.CHANNEL:
+        elif k == program.CHANNEL:
             kind = CHANNEL
         else:
             kind = MERGE
@@ -233,10 +232,10 @@ def schedule(prog: _p.Program, weight_each_gate: bool = False, backend: str = "c
     )
 
 
-def _clifford_element(prog: _p.Program, r: int, w: int):
+def _clifford_element(prog: program.Program, r: int, w: int):
     """(kind, qubits, table, sign, gx, gz, turns, row) of one Clifford row."""
     zero = np.zeros(w, np.uint32)
-    if int(prog.kind[r]) == _p.CLIFFORD:
+    if int(prog.kind[r]) == program.CLIFFORD:
         return (TABLE, tuple(int(q) for q in prog.qubits[r]), prog.table[r], prog.sign[r].astype(np.int8),
                 zero, zero, 0, r)
     turns = int(round(float(prog.offset[r]) / (math.pi / 2))) % 4
@@ -252,7 +251,7 @@ def _clifford_element(prog: _p.Program, r: int, w: int):
 _COMPOSED: dict = {}  # _compose's memo: the elements' content -> the map (the 64 newest)
 
 
-def _compose(elems, w: int) -> _c.CliffordMap:
+def _compose(elems, w: int) -> clifford.CliffordMap:
     """The run's dense map: the 2N generators pushed through its elements in order (backward).
     Memoised on the elements' content: a circuit repeats its Clifford layers (the kicked Ising's
     RZZ(-pi/2) layer, 20 times a circuit and again for every angle of a sweep), and composing one
@@ -269,16 +268,16 @@ def _compose(elems, w: int) -> _c.CliffordMap:
     return _COMPOSED[key]
 
 
-def _compose_elements(elems, w: int) -> _c.CliffordMap:
-    x, z = _c.generators(w)
+def _compose_elements(elems, w: int) -> clifford.CliffordMap:
+    x, z = clifford.generators(w)
     sign = np.ones(len(x))
     for kind, (a, b), table, sgn, gx, gz, turns in elems:
         if kind == TABLE:
-            x, z, s = _c.apply_table_numpy(x, z, a, b, table, sgn)
+            x, z, s = clifford.apply_table_numpy(x, z, a, b, table, sgn)
         else:
-            x, z, s = _c.apply_quarter_numpy(x, z, gx, gz, turns)
+            x, z, s = clifford.apply_quarter_numpy(x, z, gx, gz, turns)
         sign = sign * s
-    return _c.map_from_images(x, z, sign)
+    return clifford.map_from_images(x, z, sign)
 
 
 def padded(s: Schedule, minimum: int = MIN_BUCKET) -> dict:

@@ -1,4 +1,4 @@
-"""Steps and units (pauliprop/schedule.py): how the lowered circuit is grouped for the loop.
+"""Steps and units (pauliprop/propagation/schedule.py): how the lowered circuit is grouped for the loop.
 
 * Every row of the lowered program is in exactly one step, and steps hold what they say: Clifford
   runs, rotations on pairwise disjoint qubits, channels.
@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -18,12 +17,12 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop import models
-from pauliprop import program as P
-from pauliprop import schedule as S
+from pauliprop.propagation import program as P
+from pauliprop.propagation import schedule as S
 
-from ._strategies import ALL_KINDS, anchored_ops, build
+from .._strategies import ALL_KINDS, anchored_ops, build
 
-lowered = importlib.import_module("pauliprop.propagate").lowered  # (pp.propagate is the function)
+from pauliprop.propagation.propagate import lowered
 
 
 @settings(max_examples=25, deadline=None)

@@ -28,15 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import adjoint as _a
-from . import engine as _e
-from . import merge as _m
-from . import program as _p
-from . import schedule as _s
-from . import truncation as _t
-from .runtime.batching import batched, vmap_shared
-from .circuits.circuit import Circuit
-from .algebra.paulisum import PauliSum
+from .. import statevector
+from ..algebra.overlap import parse_state
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
+from ..runtime.batching import batched, vmap_shared
+from . import adjoint, engine, merge, program, schedule
+from .truncation import NO_TRUNCATION, RULES, Truncation
 
 
 class PropagationStats(NamedTuple):
@@ -55,7 +53,7 @@ class PropagationStats(NamedTuple):
         return jnp.sum(self.dropped_norm)
 
     def summary(self) -> str:
-        d = dict(zip(_t.RULES, np.asarray(self.dropped_norm).tolist()))
+        d = dict(zip(RULES, np.asarray(self.dropped_norm).tolist()))
         return (f"capacity {self.capacity}, peak terms {int(self.max_terms_seen)}, final terms "
                 f"{int(self.terms[0]) if len(self.terms) else 0}, overflow {bool(self.overflow)}, dropped 1-norm {d}")
 
@@ -63,9 +61,9 @@ class PropagationStats(NamedTuple):
 # ---- lowering, cached on the circuit ------------------------------------------------------------------
 
 class Lowered(NamedTuple):
-    program: _p.Program
-    schedule: _s.Schedule
-    units: _s.Units
+    program: program.Program
+    schedule: schedule.Schedule
+    units: schedule.Units
     tables: dict  # padded numpy tables, the loop's input
     on_device: dict  # backend -> the tables as device arrays (copied once, not at every call)
 
@@ -75,7 +73,7 @@ class Lowered(NamedTuple):
         return self.on_device[backend]
 
 
-def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = None, layers: bool = False) -> Lowered:
+def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None, layers: bool = False) -> Lowered:
     """The circuit's program, steps, units and tables for this truncation's semantics (cached on the
     circuit until it changes). layers: a layer of rotations is one unit (engine.layer_unit)."""
     backend = backend or jax.default_backend()
@@ -86,10 +84,10 @@ def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = N
         cache = circuit._program_cache = {}
     if key not in cache:
         sibling = cache.get(key[:-1] + (not layers,))  # the same program and schedule, other units
-        prog, sched = (sibling.program, sibling.schedule) if sibling else (_p.lower(circuit), None)
-        sched = sched or _s.schedule(prog, weight_each_gate=weight_each, backend=backend)
-        units = _s.units(sched, truncation.per, layers=layers)
-        tables = {**_s.padded(sched), **_s.padded_units(units), "num_units": np.int32(units.length)}
+        prog, sched = (sibling.program, sibling.schedule) if sibling else (program.lower(circuit), None)
+        sched = sched or schedule.schedule(prog, weight_each_gate=weight_each, backend=backend)
+        units = schedule.units(sched, truncation.per, layers=layers)
+        tables = {**schedule.padded(sched), **schedule.padded_units(units), "num_units": np.int32(units.length)}
         for old in [k for k in cache if k[0] != key[0]]:  # lowered before the circuit grew
             del cache[old]
         cache[key] = Lowered(prog, sched, units, tables, {})
@@ -98,7 +96,7 @@ def lowered(circuit: Circuit, truncation: _t.Truncation, backend: str | None = N
 
 # ---- inputs -------------------------------------------------------------------------------------------
 
-def _check_inputs(circuit: Circuit, obs: PauliSum, params):
+def check_inputs(circuit: Circuit, obs: PauliSum, params):
     if not isinstance(circuit, Circuit):
         raise TypeError(f"expected a pauliprop.Circuit, got {type(circuit).__name__}")
     if not isinstance(obs, PauliSum):
@@ -109,12 +107,12 @@ def _check_inputs(circuit: Circuit, obs: PauliSum, params):
     if need and params is None:
         raise ValueError(f"circuit uses {need} parameter(s) (Param(0)..Param({need - 1})) but params is None")
     if params is not None:
-        shape = jnp.shape(params) if _is_traced(params) else np.shape(params)
+        shape = jnp.shape(params) if is_traced(params) else np.shape(params)
         if len(shape) not in (1, 2):
             raise ValueError(f"params must be a 1-d array (or 2-d: a batch of parameter sets), got shape {shape}")
         if shape[-1] < need:
             raise ValueError(f"circuit uses Param({need - 1}) but params has only {shape[-1]} entries")
-        if not _is_traced(params):
+        if not is_traced(params):
             p = np.asarray(params)
             if not np.all(np.isfinite(p)):
                 bad = np.argwhere(~np.isfinite(p))[0]
@@ -122,14 +120,14 @@ def _check_inputs(circuit: Circuit, obs: PauliSum, params):
 
 
 def _ndim(params) -> int:
-    return jnp.ndim(params) if _is_traced(params) else np.ndim(params)
+    return jnp.ndim(params) if is_traced(params) else np.ndim(params)
 
 
-def _is_traced(*xs) -> bool:
+def is_traced(*xs) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for x in xs for leaf in jax.tree_util.tree_leaves(x))
 
 
-def default_capacity(obs: PauliSum, truncation: _t.Truncation, num_qubits: int | None = None) -> int:
+def default_capacity(obs: PauliSum, truncation: Truncation, num_qubits: int | None = None) -> int:
     """A first capacity (a power of two): max_terms and a quarter more when given (a rotation whose
     spawned words do not fit cuts the buffer and them together to max_terms); otherwise
     room for modest growth, at most the 4^n words of n qubits, and 2^14 (CPUs) or 2^16 (GPUs) for
@@ -144,17 +142,17 @@ def default_capacity(obs: PauliSum, truncation: _t.Truncation, num_qubits: int |
     return 1 << max(6, int(math.ceil(math.log2(max(want, len(obs), 1)))))
 
 
-def _params_array(params, num_params: int, dtype):
+def params_array(params, num_params: int, dtype):
     """params as a (P,) or (B, P) array of the coefficients' dtype, padded to a bucketed length."""
     if params is None:
         params = jnp.zeros(0, dtype)
-    p = params if _is_traced(params) else np.asarray(params)
-    width = _s.bucket(max(p.shape[-1], num_params), 1)
+    p = params if is_traced(params) else np.asarray(params)
+    width = schedule.bucket(max(p.shape[-1], num_params), 1)
     pad = [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])]
-    return (jnp if _is_traced(p) else np).pad(p.astype(dtype), pad)
+    return (jnp if is_traced(p) else np).pad(p.astype(dtype), pad)
 
 
-def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _e.Buffer:
+def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> engine.Buffer:
     """The observable in a buffer of `capacity` slots (host arrays unless its coefficients are traced)."""
     t = len(obs)
     if t > capacity:
@@ -163,15 +161,15 @@ def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> _e.Buffer:
     words = np.zeros((capacity, 2 * w), np.uint32)
     words[:t, :w] = np.asarray(obs.x, np.uint32).reshape(t, w)
     words[:t, w:] = np.asarray(obs.z, np.uint32).reshape(t, w)
-    if _is_traced(obs.coeffs):
+    if is_traced(obs.coeffs):
         coeffs = jnp.zeros(capacity, dtype).at[:t].set(jnp.asarray(obs.coeffs, dtype))
     else:
         coeffs = np.zeros(capacity, dtype)
         coeffs[:t] = np.asarray(obs.coeffs, dtype)
-    return _e.Buffer(words, coeffs, (np.arange(capacity) < t).astype(np.int32), np.zeros(5, dtype))
+    return engine.Buffer(words, coeffs, (np.arange(capacity) < t).astype(np.int32), np.zeros(5, dtype))
 
 
-def _grown(buf: _e.Buffer, capacity: int) -> _e.Buffer:
+def _grown(buf: engine.Buffer, capacity: int) -> engine.Buffer:
     """The buffer in `capacity` slots; a buffer of that size as it is. Host arrays (and CPUs' buffers)
     are padded on the host (no program to compile for the copy); device buffers on GPUs on the
     device, where a copy through the host costs milliseconds a call (P3's 8K words: 5.5 ms)."""
@@ -187,17 +185,17 @@ def _grown(buf: _e.Buffer, capacity: int) -> _e.Buffer:
         pad[axis] = (0, capacity - a.shape[axis])
         return np.pad(a, pad)
 
-    return _e.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), np.asarray(buf.dropped))
+    return engine.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), np.asarray(buf.dropped))
 
 
 @partial(jax.jit, static_argnums=1)
-def _pad_slots(buf: _e.Buffer, capacity: int) -> _e.Buffer:
+def _pad_slots(buf: engine.Buffer, capacity: int) -> engine.Buffer:
     axis = buf.coeffs.ndim - 1
     grow = lambda a: jnp.pad(a, [(0, capacity - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
-    return _e.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), buf.dropped)
+    return engine.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), buf.dropped)
 
 
-def _next_capacity(capacity: int, need: int) -> int:
+def next_capacity(capacity: int, need: int) -> int:
     """The capacity to resume with: at least twice the old one and twice what the step needed."""
     return 1 << int(math.ceil(math.log2(max(2 * capacity, 2 * need))))
 
@@ -229,25 +227,26 @@ def map_unroll(backend: str, capacity: int) -> int:
     return 32 if capacity < LARGE_MAP_CAPACITY else 8
 
 
-def _config(low: Lowered, truncation: _t.Truncation, capacity: int, stop: bool, backend: str,
-            merged: bool = False, exact_order: bool = False, whole_room: bool = False) -> _e.Config:
-    """merged: the observable's merge (unit 0) ran before the loop (`_merged_observable`): the program
+def config(low: Lowered, truncation: Truncation, capacity: int, stop: bool, backend: str,
+           merged: bool = False, exact_order: bool = False, whole_room: bool = False) -> engine.Config:
+    """merged: the observable's merge (unit 0) ran before the loop (`merged_observable`): the program
     holds no merge code unless a later unit merges (amplitude damping). A program that stops reports
     fingerprint collisions (Config.report_collisions) unless exact_order: its rooms order exactly.
     whole_room: the program holds the room of the whole buffer where engine.whole_room_for leaves it out."""
-    features = _e.features(low.units, low.schedule)
-    if merged and _s.U_MERGE not in low.units.kind[1:]:
-        features["units"] = tuple(k for k in features["units"] if k != _s.U_MERGE)
-    rooms = _e.rooms_for(capacity, backend)
-    cut_rooms = _e.split_rooms_with_cut(rooms, backend, truncation, stop)
-    return _e.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
-                     sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
-                     whole_room=whole_room or _e.whole_room_for(backend, cut_rooms, stop), skip_unmet=backend == "cpu",
-                     unroll=map_unroll(backend, capacity), units_per_test=_units_per_test(low, backend),
-                     report_collisions=stop and not exact_order, **features)
+    features = engine.features(low.units, low.schedule)
+    if merged and schedule.U_MERGE not in low.units.kind[1:]:
+        features["units"] = tuple(k for k in features["units"] if k != schedule.U_MERGE)
+    rooms = engine.rooms_for(capacity, backend)
+    cut_rooms = engine.split_rooms_with_cut(rooms, backend, truncation, stop)
+    return engine.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
+                         sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
+                         whole_room=whole_room or engine.whole_room_for(backend, cut_rooms, stop),
+                         skip_unmet=backend == "cpu",
+                         unroll=map_unroll(backend, capacity), units_per_test=_units_per_test(low, backend),
+                         report_collisions=stop and not exact_order, **features)
 
 
-def _one_program_per_key(factory):
+def one_program_per_key(factory):
     """functools.cache for the factories of jitted programs, safe for threads (a CPU batch's members
     run on threads: _drive_side_by_side). Two threads that missed a plain functools.cache together
     each built their own jax.jit, and each compiled the same program: two compilations of the
@@ -265,20 +264,20 @@ def _one_program_per_key(factory):
     return get
 
 
-@_one_program_per_key
-def _merge_jit(cfg: _e.Config, backend: str):
+@one_program_per_key
+def _merge_jit(cfg: engine.Config, backend: str):
     def merge(T, buf, limits):
-        out = _e.merge_unit(buf, 0, T, None, limits, cfg)[0]
+        out = engine.merge_unit(buf, 0, T, None, limits, cfg)[0]
         return out, jnp.sum(out.live, dtype=jnp.int32)
 
-    return _Jitted(merge, compiler_options(backend, cfg.capacity))
+    return Jitted(merge, compiler_options(backend, cfg.capacity))
 
 
 HOST_MERGE_TERMS = 1 << 12  # GPUs: observables of up to this many terms are merged by the host's CPU
 
 
-def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype,
-                       backend: str) -> tuple[_e.Buffer, jax.Array]:
+def merged_observable(low: Lowered, obs: PauliSum, truncation: Truncation, limits, dtype,
+                      backend: str) -> tuple[engine.Buffer, jax.Array]:
     """`_merge_observable`, remembered on the observable for its next call with the same circuit and
     settings (a VQE or sweep loop passes one observable many times: the merge and, on GPUs, a copy
     from the host a call are saved). Its arrays are compared by identity, so a new array is a new
@@ -293,8 +292,8 @@ def _merged_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, l
     return merged
 
 
-def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, limits, dtype,
-                      backend: str) -> tuple[_e.Buffer, jax.Array]:
+def _merge_observable(low: Lowered, obs: PauliSum, truncation: Truncation, limits, dtype,
+                      backend: str) -> tuple[engine.Buffer, jax.Array]:
     """(buffer, live words): the loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
     in the merge's order), run alone on a buffer of the observable's size: the loop's program then
     needs no merge code (about 1.3 s of the kicked Ising's 7 s compilation on the 2-core CPU), and
@@ -303,18 +302,18 @@ def _merge_observable(low: Lowered, obs: PauliSum, truncation: _t.Truncation, li
     terms is merged by the CPU backend and its buffer (of the observable's size) copied to the GPU:
     the GPU's compilation of this program took 1.1-1.3 s on an H100, the CPU's 0.3 s. (Larger ones
     merge on the GPU: P3's 30,000 words took 7 ms a call on the host, 2.8 ms on the GPU.)"""
-    small = _s.bucket(len(obs), 64)
+    small = schedule.bucket(len(obs), 64)
     if backend != "cpu" and small <= HOST_MERGE_TERMS:
         with jax.default_device(jax.devices("cpu")[0]):
             merged = _merge_observable(low, obs, truncation, limits, dtype, "cpu")
         return jax.device_put(merged, jax.devices(backend)[0])
-    if len(obs) == 1 and not _is_traced(obs.coeffs):
+    if len(obs) == 1 and not is_traced(obs.coeffs):
         return _one_term_merged(obs, truncation, dtype, small)
-    cfg = _config(low, truncation, small, True, backend)  # a merge never outgrows its input's buffer
+    cfg = config(low, truncation, small, True, backend)  # a merge never outgrows its input's buffer
     return _merge_jit(cfg, backend)(low.device_tables(backend), _initial_buffer(obs, small, dtype), limits)
 
 
-def _one_term_merged(obs: PauliSum, truncation: _t.Truncation, dtype, slots: int) -> tuple[_e.Buffer, int]:
+def _one_term_merged(obs: PauliSum, truncation: Truncation, dtype, slots: int) -> tuple[engine.Buffer, int]:
     """The merge of a one-term observable (a single Pauli, the common case), on the host: nothing to
     sum, and max_terms >= 1 cuts nothing, so only max_weight and min_abs_coeff can drop the term,
     charged as the merge charges them (a term is charged to its first rule, as in
@@ -354,7 +353,7 @@ def compiler_options(backend: str, capacity: int) -> dict | None:
     return {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
 
 
-class _Jitted:
+class Jitted:
     """jax.jit(fn, compiler_options=options, **kw), compiled again without the options this jaxlib's
     XLA does not know if it rejects one (option names come and go between versions: jax 0.11 has no
     xla_cpu_use_fusion_emitters). Costs nothing when XLA takes them all."""
@@ -391,19 +390,19 @@ def _xla_knows(option: str, value) -> bool:
 
 
 def _forward(T, buf, start, params, limits, table, *, cfg):
-    buf, progress = _e.run(T, buf, start, params, limits, cfg)
-    return buf, progress, _e.value(buf, table)
+    buf, progress = engine.run(T, buf, start, params, limits, cfg)
+    return buf, progress, engine.value(buf, table)
 
 
-@_one_program_per_key
-def _forward_jit(cfg: _e.Config, batch: bool, backend: str):
+@one_program_per_key
+def _forward_jit(cfg: engine.Config, batch: bool, backend: str):
     fn = partial(_forward, cfg=cfg)
     if batch:
         fn = vmap_shared(fn, (None, 0, None, 0, None, None))
-    return _Jitted(fn, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+    return Jitted(fn, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
 
 
-def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, capacity, max_capacity,
+def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capacity, max_capacity,
            initial_capacity, table, layers: bool | None = None):
     """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed. A fixed
     capacity runs the same program (one that stops at an overflow) and, only if a unit overflows,
@@ -413,10 +412,10 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     where the rotations ran as layers (GPUs), whose passes would cut in another order, the call
     runs again without them (layers: None picks engine.layers_for)."""
     backend = jax.default_backend()
-    layers = _e.layers_for(backend, truncation) if layers is None else layers
+    layers = engine.layers_for(backend, truncation) if layers is None else layers
     low = lowered(circuit, truncation, backend, layers=layers)
     dtype = jnp.result_type(float)
-    p = _params_array(params, circuit.num_params, dtype)
+    p = params_array(params, circuit.num_params, dtype)
     batch = p.shape[0] if p.ndim == 2 else None
     fixed = capacity is not None
     cap = capacity if fixed else (initial_capacity or default_capacity(obs, truncation))
@@ -429,8 +428,8 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
     limits = truncation.limits(dtype)
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
     # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
-    assert int(low.units.kind[0]) == _s.U_MERGE, "the schedule's first unit is the observable's merge"
-    merged, live = _merged_observable(low, obs, truncation, limits, dtype, backend)
+    assert int(low.units.kind[0]) == schedule.U_MERGE, "the schedule's first unit is the observable's merge"
+    merged, live = merged_observable(low, obs, truncation, limits, dtype, backend)
     if merged.coeffs.shape[-1] > cap:  # the merge's buffer is bucketed (64 slots at least) and compacted
         merged = merged._replace(words=merged.words[:cap], coeffs=merged.coeffs[:cap], meta=merged.meta[:cap])
     buf = _grown(merged, cap)
@@ -441,8 +440,8 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
     start, exact_order, whole_room, cut = 1, False, False, False
     while True:
-        cfg = _config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order,
-                      whole_room=whole_room)
+        cfg = config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order,
+                     whole_room=whole_room)
         fwd = _forward_jit(cfg, batch is not None, backend)
         buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
         # one wait for the device, whose copies overlap
@@ -457,21 +456,21 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: _t.Truncation, c
         if need == 0:
             break
         start = stop
-        if need == _m.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
+        if need == merge.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
             exact_order = True
             continue
-        if need == _e.WHOLE_ROOM:  # a rotation split more than half the buffer: the rest in the program
+        if need == engine.WHOLE_ROOM:  # a rotation split more than half the buffer: the rest in the program
             whole_room = True  # that holds the room of the whole buffer
             continue
         if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow)
-            if layers and _s.U_LAYER in low.units.kind:
+            if layers and schedule.U_LAYER in low.units.kind:
                 return _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
                               layers=False)
             cut = True
             continue
-        grown = _next_capacity(cap, need)
+        grown = next_capacity(cap, need)
         if grown > max_capacity:
-            raise MemoryError(f"propagation needs {need} term slots at {_operation_at(low, stop)}, more than "
+            raise MemoryError(f"propagation needs {need} term slots at {operation_at(low, stop)}, more than "
                               f"capacity {cap} and max_capacity={max_capacity} allow; add truncation "
                               "(min_abs_coeff, max_terms, max_weight) or raise max_capacity")
         cap = grown
@@ -515,7 +514,7 @@ def _drive_side_by_side(circuit, obs, params, truncation, capacity, max_capacity
     return buf, stats, np.stack([np.asarray(v) for _, _, v in runs])
 
 
-def _operation_at(low: Lowered, unit: int) -> str:
+def operation_at(low: Lowered, unit: int) -> str:
     ops = np.flatnonzero(low.units.unit_of_op == unit)
     return f"row {int(ops.max())} of the lowered circuit" if len(ops) else f"unit {unit}"
 
@@ -526,7 +525,7 @@ def _warn_overflow(overflow, dropped, capacity):
                       "Pass a larger capacity (or truncation.max_terms).", RuntimeWarning, stacklevel=3)
 
 
-def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _t.Truncation | None = None,
+def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: Truncation | None = None,
               capacity: int | None = None, max_capacity: int = 1 << 26, initial_capacity: int | None = None):
     """Heisenberg-propagate `observable` backward through `circuit`: returns (PauliSum, PropagationStats).
 
@@ -536,20 +535,20 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: _
     stats and by a warning. initial_capacity: where the automatic growth starts.
     params: (P,) or a batch (B, P); a batch gives a PauliSum whose arrays have a leading batch axis.
     """
-    truncation = truncation or _t.NO_TRUNCATION
-    _check_inputs(circuit, observable, params)
-    if _is_traced(params, observable):
+    truncation = truncation or NO_TRUNCATION
+    check_inputs(circuit, observable, params)
+    if is_traced(params, observable):
         return _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity)
     buf, stats, _ = _drive(circuit, observable, params, truncation, capacity, max_capacity, initial_capacity,
                            np.ones((32 * observable.num_lanes, 4)))
-    out = PauliSum(*_as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits)
+    out = PauliSum(*as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits)
     return out, stats
 
 
 @jax.jit
-def _as_sum(words, coeffs, meta):
+def as_sum(words, coeffs, meta):
     """(x, z, coeffs with dead slots 0) of a buffer: one dispatch, not one per array."""
-    b = _e.Buffer(words, coeffs, meta, None)
+    b = engine.Buffer(words, coeffs, meta, None)
     return b.x, b.z, jnp.where(b.live, coeffs, 0)
 
 
@@ -561,10 +560,10 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
     low = lowered(circuit, truncation, backend)
     dtype = jnp.result_type(float)
     cap = capacity or initial_capacity or default_capacity(observable, truncation)
-    p = _params_array(params, circuit.num_params, dtype)
+    p = params_array(params, circuit.num_params, dtype)
     buf = _initial_buffer(observable, cap, dtype)
     longest = int(max(low.units.count.max(initial=1), 1))
-    cfg = _config(low, truncation, cap, False, backend)._replace(static_loops=longest)
+    cfg = config(low, truncation, cap, False, backend)._replace(static_loops=longest)
     buf, prog = _propagate_static(low.tables, buf, p, truncation.limits(dtype), cfg=cfg)
     terms = prog.unit_terms[low.units.unit_of_op]
     stats = PropagationStats(terms, buf.dropped, buf.dropped[4] > 0, cap,
@@ -576,20 +575,18 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
 @partial(jax.jit, static_argnames=("cfg",))
 def _propagate_static(T, buf, params, limits, *, cfg):
     # jitted also under a caller's trace, so circuits of one shape share one compilation
-    return _e.run(T, buf, 0, params, limits, cfg)
+    return engine.run(T, buf, 0, params, limits, cfg)
 
 
 # ---- expectation values, with reverse mode --------------------------------------------------------------
 
-def _state_table(state, num_qubits: int, num_lanes: int):
-    from .algebra.overlap import parse_state
-
+def state_table(state, num_qubits: int, num_lanes: int):
     parse_state(state, num_qubits)  # fail before propagating
-    return _e.overlap_table(state, num_qubits, num_lanes)
+    return engine.overlap_table(state, num_qubits, num_lanes)
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
-                truncation: _t.Truncation | None = None, method: str = "pauli", capacity: int | None = None,
+                truncation: Truncation | None = None, method: str = "pauli", capacity: int | None = None,
                 return_stats: bool = False, initial_capacity: int | None = None):
     """<psi| observable |psi> with psi = circuit |state>: a jax scalar, differentiable in params.
 
@@ -601,11 +598,9 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     the estimator with its truncation decisions frozen, by the engine's reverse mode (adjoint.py);
     under jax.vmap the batch shares the engine's branches (batching.py). Under a trace pass `capacity`.
     """
-    _check_inputs(circuit, observable, params)
-    table = _state_table(state, circuit.num_qubits, observable.num_lanes)
+    check_inputs(circuit, observable, params)
+    table = state_table(state, circuit.num_qubits, observable.num_lanes)
     if method == "statevector":
-        from . import statevector
-
         if truncation is not None and not truncation.is_exact:
             raise ValueError("method='statevector' is exact: it takes no truncation")
         if params is not None and _ndim(params) == 2:
@@ -615,8 +610,8 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         return (val, None) if return_stats else val
     if method != "pauli":
         raise ValueError(f"unknown method {method!r}: use 'pauli' or 'statevector'")
-    truncation = truncation or _t.NO_TRUNCATION
-    if _is_traced(params, observable):
+    truncation = truncation or NO_TRUNCATION
+    if is_traced(params, observable):
         if params is not None and _ndim(params) == 2:
             run = lambda p: expectation(circuit, observable, p, state, truncation, method, capacity, True,
                                         initial_capacity)
@@ -636,10 +631,10 @@ def _traced_estimate(circuit, observable, params, truncation, capacity, initial_
     cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
     if cap < 1 or cap < len(observable):
         raise ValueError(f"capacity {cap} is smaller than the observable's {len(observable)} terms")
-    p = _params_array(params, circuit.num_params, dtype)
+    p = params_array(params, circuit.num_params, dtype)
     buf = _initial_buffer(observable, cap, dtype)
-    cfg = _config(low, truncation, cap, False, backend)
-    seg = _a.segment_length(int(low.tables["u_kind"].shape[0]))
+    cfg = config(low, truncation, cap, False, backend)
+    seg = adjoint.segment_length(int(low.tables["u_kind"].shape[0]))
     words = (buf.words, buf.meta)
     val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
                                                      table, cfg=cfg, seg=seg)
@@ -657,7 +652,7 @@ def _estimate_jit(T, words, coeffs, params, limits, table, *, cfg, seg):
 
 
 def _buffer(words, coeffs):
-    return _e.Buffer(words[0], coeffs, words[1], jnp.zeros(5, coeffs.dtype))
+    return engine.Buffer(words[0], coeffs, words[1], jnp.zeros(5, coeffs.dtype))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -669,8 +664,8 @@ def _estimate(static, T, words, coeffs, params, limits, table):
 
 def _value(static, T, words, coeffs, params, limits, table):
     cfg, _ = static
-    buf, progress = _e.run(T, _buffer(words, coeffs), 0, params, limits, cfg)
-    return _e.value(buf, table), (buf.dropped, progress.unit_terms, progress.peak)
+    buf, progress = engine.run(T, _buffer(words, coeffs), 0, params, limits, cfg)
+    return engine.value(buf, table), (buf.dropped, progress.unit_terms, progress.peak)
 
 
 def _estimate_fwd(static, T, words, coeffs, params, limits, table):
@@ -679,8 +674,8 @@ def _estimate_fwd(static, T, words, coeffs, params, limits, table):
 
 def _value_and_grad(static, T, words, coeffs, params, limits, table):
     cfg, seg = static
-    val, end, progress, d_params, d_coeffs = _a.value_and_grad(T, _buffer(words, coeffs), params, limits, table,
-                                                               cfg, seg)
+    val, end, progress, d_params, d_coeffs = adjoint.value_and_grad(T, _buffer(words, coeffs), params, limits, table,
+                                                                    cfg, seg)
     return (val, (end.dropped, progress.unit_terms, progress.peak)), (d_params, d_coeffs)
 
 

@@ -1,4 +1,4 @@
-"""Lowering (pauliprop/program.py): one row per operation, the documented kinds, tables and factors."""
+"""Lowering (pauliprop/propagation/program.py): one row per operation, the documented kinds, tables and factors."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import pauliprop as pp
 from pauliprop.circuits import gates as G
-from pauliprop import program as P
+from pauliprop.propagation import program as P
 from pauliprop.algebra import words as W
 
-from . import _reference as R
-from ._strategies import build, gate
+from .. import _reference as R
+from .._strategies import build, gate
 
 KIND_OF = {"clifford": P.CLIFFORD, "rotation": P.ROTATION, "quarter": P.QUARTER, "channel": P.CHANNEL,
            "damp": P.DAMP}

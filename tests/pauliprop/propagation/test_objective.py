@@ -1,4 +1,4 @@
-"""Objectives for variational loops (pauliprop/objective.py): a pure params -> <H> function whose
+"""Objectives for variational loops (pauliprop/propagation/objective.py): a pure params -> <H> function whose
 capacity is fixed once, its compiled value_and_grad, refitting after an overflow, and an optax VQE."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Backward Pauli propagation (pauliprop/propagate.py): exactness, embedding, gradients, transforms, errors.
+"""Backward Pauli propagation (pauliprop/propagation/propagate.py): exactness, embedding, gradients, transforms, errors.
 
 The untruncated estimator is exact: for random circuits over the whole gate table it must agree with
 the state vector (and, with noise, with a density-matrix reference) to 1e-10, the propagated sum must
@@ -9,7 +9,6 @@ lanes, and its gradient must be the exact gradient.
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 
 import jax
@@ -20,11 +19,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import program as P
-from pauliprop import schedule as S
+from pauliprop.propagation import program as P
+from pauliprop.propagation import schedule as S
 
-from . import _reference as R
-from ._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
+from .. import _reference as R
+from .._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
                           UNITARY_OPS, UNITARY_TERMS, anchored_ops, bloch_vectors, build, observable_terms,
                           params_vector, paulisum, states)
 
@@ -176,7 +175,7 @@ def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_ex
     2^17 slots only C); with about 100 and 3,000-7,000
     splitting words the rotations below use several rooms, and the untruncated value still equals the
     state vector. (Small capacities, as in the other tests, have one room, C.)"""
-    from pauliprop.engine import rooms_for
+    from pauliprop.propagation.engine import rooms_for
 
     assert rooms_for(1 << 15, "cpu") == (512, 4096, 16384, 32768)
     assert rooms_for(1 << 15, "gpu") == (32768,) and rooms_for(1 << 18, "gpu") == (16384, 1 << 18)
@@ -202,7 +201,7 @@ def test_a_rotation_that_splits_more_than_half_the_buffer_resumes_in_the_program
     (engine.whole_room_for): a rotation that splits more than half the buffer writes nothing, and
     the loop resumes it in the program that holds that room (here it then overflows and the buffer
     grows). The value equals the state vector."""
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     configs = []
     forward_jit = PR._forward_jit
     monkeypatch.setattr(PR, "_forward_jit", lambda cfg, *a: configs.append(cfg) or forward_jit(cfg, *a))
@@ -342,7 +341,7 @@ def test_capacity_overflow_is_reported_and_growth_is_exact():
     assert stats.capacity == 4096 and abs(float(val) - exact) < 1e-10
     assert isinstance(stats.capacity, int)
     # a call at the capacity growth found runs the growing call's program: nothing new to compile
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     misses = PR._forward_jit.cache_info().misses
     assert float(pp.expectation(c, h, capacity=4096)) == float(val)
     assert PR._forward_jit.cache_info().misses == misses
@@ -432,7 +431,7 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     damping merges later): the value, the terms and the dropped norms equal those of the merge in the
     loop (pp.expectation under jax.jit runs it there), untruncated equal to the state vector; and
     on the host's CPU backend (GPUs merge small observables there) the same buffer."""
-    PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+    from pauliprop.propagation import propagate as PR
     n = 5
     h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.5), ("X", [2], 0.25), ("ZZ", [0, 1], 0.25), ("XXXX", [0, 1, 2, 3], 0.3),
                                ("Y", [4], 1e-6), ("X", [2], -0.125), ("ZX", [3, 4], 0.7)], n)
@@ -449,9 +448,9 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
     assert abs(float(val) - float(exact)) < 1e-10
     assert float(np.asarray(loop_stats.dropped_norm).sum()) == 0
     low = PR.lowered(c, pp.Truncation(), jax.default_backend())
-    assert S.U_MERGE not in PR._config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
+    assert S.U_MERGE not in PR.config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
     damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
-    assert S.U_MERGE in PR._config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
+    assert S.U_MERGE in PR.config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
     # a GPU merges a small observable on the host's CPU backend: the same buffer
     trunc = pp.Truncation(max_weight=3, min_abs_coeff=1e-4)
     low = PR.lowered(c, trunc, "cpu")
@@ -468,8 +467,8 @@ def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
 def test_a_buffer_grows_the_same_on_the_device_and_on_the_host(batch):
     """GPUs pad a device buffer on the device (propagate._pad_slots), CPUs and host arrays on the
     host (propagate._grown): the same slots, zeros after the old ones, the dropped norms untouched."""
-    PR = sys.modules["pauliprop.propagate"]
-    from pauliprop import engine
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.propagation import engine
 
     rng = np.random.default_rng(0)
     buf = engine.Buffer(rng.integers(0, 2**32, batch + (8, 4), dtype=np.uint32), rng.normal(size=batch + (8,)),
@@ -486,14 +485,14 @@ def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
     """A loop that passes one observable many times merges it once (the buffer is remembered on the
     observable, keyed by its arrays' identity); the loop donates its own buffer, never the remembered
     one, even when the two have the same size (600 words of 5 qubits: 1,024 slots both)."""
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     rng = np.random.default_rng(5)
     codes = rng.choice(4**5, 600, replace=False)
     words = [{q: "IXYZ"[(int(c) >> (2 * q)) & 3] for q in range(5) if (int(c) >> (2 * q)) & 3} for c in codes]
     h = pp.PauliSum.from_words(words, rng.normal(size=600), 5)
     c = pp.Circuit(5).ry(0, pp.Param(0)).cx(0, 1).rx(2, 0.4).cz(3, 4).rzz(1, 3, pp.Param(0))
     low = PR.lowered(c, pp.Truncation(), jax.default_backend())
-    assert PR.default_capacity(h, pp.Truncation()) == PR._s.bucket(len(h), 64) == 1024
+    assert PR.default_capacity(h, pp.Truncation()) == PR.schedule.bucket(len(h), 64) == 1024
     vals = [float(pp.expectation(c, h, np.array([a]))) for a in (0.3, 0.3, -1.2)]
     remembered = h._merged[2]
     assert float(pp.expectation(c, h, np.array([-1.2]))) == vals[2] and h._merged[2] is remembered
@@ -506,7 +505,7 @@ def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
 def test_compile_options_that_xla_does_not_know_are_dropped(monkeypatch):
     """Option names come and go between jaxlib versions (jax 0.11 has no xla_cpu_use_fusion_emitters):
     a program whose options XLA rejects compiles again without the unknown ones, same result."""
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     monkeypatch.setattr(PR, "FAST_COMPILE", {**PR.FAST_COMPILE, "xla_no_such_option_anywhere": True})
     PR._forward_jit.cache_clear()
     PR._merge_jit.cache_clear()
@@ -528,7 +527,7 @@ def test_a_cpu_batch_of_large_members_runs_them_side_by_side_each_its_own(monkey
     """On CPUs a batch whose buffers start large runs its members on threads, each driven alone (its
     own capacity growth): every member's value, propagated sum and dropped norms are those of its
     own call, and the stats have the vmapped batch's shapes."""
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     c = pp.Circuit(40)
     for step in range(3):
         for q in range(6):
@@ -585,12 +584,12 @@ def test_threads_that_start_together_share_one_program(monkeypatch):
     import threading
     import time
 
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     jit = jax.jit
     monkeypatch.setattr(PR.jax, "jit", lambda *a, **k: time.sleep(0.3) or jit(*a, **k))
     c = pp.Circuit(3).h(0).cx(0, 1).rx(2, pp.Param(0))
     low = PR.lowered(c, pp.Truncation(), jax.default_backend())
-    cfg = PR._config(low, pp.Truncation(), 64, True, jax.default_backend())._replace(unroll=3)  # a key no other test has
+    cfg = PR.config(low, pp.Truncation(), 64, True, jax.default_backend())._replace(unroll=3)  # a key no other test has
     got = [None, None]
 
     def ask(i):
@@ -611,7 +610,7 @@ def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n,
                                                                               min_abs_coeff, max_terms):
     """One term needs no merge program: the host's buffer, live count and dropped norms equal the
     merge program's, for every rule that can drop or keep it."""
-    PR = sys.modules["pauliprop.propagate"]
+    from pauliprop.propagation import propagate as PR
     label = "".join(data.draw(st.lists(st.sampled_from("IIXYZ"), min_size=n, max_size=n)))
     obs = pp.PauliSum.from_labels({label: coeff})
     trunc = pp.Truncation(max_weight=max_weight, min_abs_coeff=min_abs_coeff, max_terms=max_terms)
@@ -619,7 +618,7 @@ def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n,
     low = PR.lowered(c, trunc, "cpu")
     dtype = jnp.result_type(float)
     host_buf, host_live = PR._one_term_merged(obs, trunc, dtype, 64)
-    cfg = PR._config(low, trunc, 64, True, "cpu")
+    cfg = PR.config(low, trunc, 64, True, "cpu")
     prog_buf, prog_live = PR._merge_jit(cfg, "cpu")(low.device_tables("cpu"), PR._initial_buffer(obs, 64, dtype),
                                                      trunc.limits(dtype))
     assert int(host_live) == int(prog_live)

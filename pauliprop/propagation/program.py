@@ -10,7 +10,7 @@ One row per operation, in circuit order, with one of five kinds:
   DAMP      amplitude damping: Z -> (1-g) Z + g I, X, Y -> sqrt(1-g) (splits Z words).
 
 Angles are scale * params[index] + offset (index -1: fixed). Every backend reads the same gate
-records (`pauliprop.gates`): the Clifford tables are derived from the gates' unitaries.
+records (`pauliprop.circuits.gates`): the Clifford tables are derived from the gates' unitaries.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .circuits import gates as _g
-from .algebra import words as _w
-from .circuits.circuit import Circuit, Param
+from ..algebra import words
+from ..circuits import gates
+from ..circuits.circuit import Circuit, Param
 
 CLIFFORD, ROTATION, QUARTER, CHANNEL, DAMP = range(5)
 KIND_NAMES = ("clifford", "rotation", "quarter", "channel", "damp")
@@ -63,10 +63,10 @@ def _table_1q(image, sign):
 _clifford_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def clifford_table(gate: _g.GateDef):
+def clifford_table(gate: gates.GateDef):
     """The 16-entry (image, sign) table of a Clifford gate, derived from its unitary (cached)."""
     if gate.name not in _clifford_cache:
-        image, sign = _g.clifford_action(gate.matrix())
+        image, sign = gates.clifford_action(gate.matrix())
         _clifford_cache[gate.name] = _table_1q(image, sign) if gate.num_qubits == 1 else (image, sign.astype(float))
     return _clifford_cache[gate.name]
 
@@ -86,7 +86,7 @@ def channel_factors(ins) -> np.ndarray:
 def lower(circuit: Circuit) -> Program:
     """Build the Program of a circuit (host-side, once per circuit)."""
     n = circuit.num_qubits
-    w = _w.num_lanes(n)
+    w = words.num_lanes(n)
     rows = []
     for ins in circuit.instructions:
         g = ins.gate
@@ -105,7 +105,7 @@ def lower(circuit: Circuit) -> Program:
             if isinstance(angle, Param):
                 row.update(kind=ROTATION, param_index=angle.index, scale=angle.scale, offset=angle.offset)
             else:
-                k = _g.quarter_turns(angle)
+                k = gates.quarter_turns(angle)
                 if k is not None and k % 4 == 0:
                     continue  # identity up to phase
                 row.update(kind=QUARTER if k is not None else ROTATION, offset=float(angle if k is None else k * math.pi / 2))
@@ -119,7 +119,7 @@ def lower(circuit: Circuit) -> Program:
         rows.append(row)
 
     L = len(rows)
-    gx, gz = _w.pack([r["gen"] or {} for r in rows], n) if L else (np.zeros((0, w), np.uint32),) * 2
+    gx, gz = words.pack([r["gen"] or {} for r in rows], n) if L else (np.zeros((0, w), np.uint32),) * 2
     return Program(
         kind=np.array([r["kind"] for r in rows], dtype=np.int32),
         qubits=np.array([r["qubits"] for r in rows], dtype=np.int32).reshape(L, 2),
