@@ -600,7 +600,7 @@ def run(T: dict, buf: Buffer, start, params, limits: Limits, cfg: Config):
         b, need_u = apply_unit(b, u, T, params, limits, cfg, live_count=live, active=active,
                                acts=acts if cfg.skip_unmet else None)
         # a batch stops together (the unit's own overflow and collision tests are shared), so the unit
-        # index stays one for the batch and every lax.switch on it keeps one branch (batching.py)
+        # index stays one for the batch and every lax.switch on it keeps one branch (runtime/batching.py)
         need = jnp.where(active, shared(need_u), need)
         advance = active & (need == 0)
         count = _count(b.live)

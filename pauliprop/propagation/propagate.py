@@ -596,7 +596,7 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     params: (P,), or a batch (B, P) of parameter sets that propagate together (values of shape (B,)).
     Differentiable (reverse mode) in params and in the observable's coefficients: the derivative of
     the estimator with its truncation decisions frozen, by the engine's reverse mode (adjoint.py);
-    under jax.vmap the batch shares the engine's branches (batching.py). Under a trace pass `capacity`.
+    under jax.vmap the batch shares the engine's branches (runtime/batching.py). Under a trace pass `capacity`.
     """
     check_inputs(circuit, observable, params)
     table = state_table(state, circuit.num_qubits, observable.num_lanes)
@@ -658,7 +658,7 @@ def _buffer(words, coeffs):
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _estimate(static, T, words, coeffs, params, limits, table):
     """<state| propagated observable |state> and (dropped, unit terms, peak). Its reverse mode is the
-    engine's adjoint (_estimate_fwd); batches of it share their branches (batching.py)."""
+    engine's adjoint (_estimate_fwd); batches of it share their branches (runtime/batching.py)."""
     return batched(partial(_value, static))(T, words, coeffs, params, limits, table)
 
 

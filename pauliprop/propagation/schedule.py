@@ -5,9 +5,9 @@ The observable walks the circuit backward, and `schedule` cuts that walk into st
   MERGE     the full merge: the observable itself (which may repeat words) before the first
             step, and each amplitude damping (whose damped words may equal any other word).
   CLIFFORD  a maximal run of Clifford operations (Clifford gates and rotations by multiples of
-            pi/2). Applied as one dense map composed on the host (`clifford.py`: one pass over the
-            words whatever the run's length), or gate by gate inside the step where the weight
-            must be checked after every gate or the run is short beside the number of qubits.
+            pi/2). Applied as one dense map composed on the host (`algebra/clifford.py`: one pass
+            over the words whatever the run's length), or gate by gate inside the step where the
+            weight must be checked after every gate or the run is short beside the number of qubits.
   LAYER     consecutive rotations on pairwise disjoint qubits (they commute): exp(-i a/2 G).
   CHANNEL   consecutive Pauli channels (they commute): each scales a word by its code's factor.
 

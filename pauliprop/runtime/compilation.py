@@ -1,7 +1,8 @@
 """Compiled programs that outlive the process: JAX's persistent compilation cache, on by default.
 
-pauliprop's programs depend on the shapes of a circuit's tables, not on its gates (schedule.py), so
-a second process running the same job finds every program it needs on disk and compiles nothing.
+pauliprop's programs depend on the shapes of a circuit's tables, not on its gates
+(propagation/schedule.py), so a second process running the same job finds every program it needs on
+disk and compiles nothing.
 `enable()` runs when pauliprop is imported. It points JAX's cache at the user's cache directory,
 `$XDG_CACHE_HOME/pauliprop/jax` (default `~/.cache/pauliprop/jax`), or at `$PAULIPROP_CACHE_DIR`,
 and caches every program (JAX's own default skips programs that compile in under a second, which
