@@ -30,10 +30,11 @@ import numpy as np  # noqa: E402
 
 import benchtools  # noqa: E402
 import pauliprop as pp  # noqa: E402
-from pauliprop import engine, models  # noqa: E402
-from pauliprop import schedule as S  # noqa: E402
+from pauliprop import models  # noqa: E402
+from pauliprop.propagation import engine  # noqa: E402
+from pauliprop.propagation import propagate as PR  # noqa: E402
+from pauliprop.propagation import schedule as S  # noqa: E402
 
-PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
 WORKLOADS = {"ppjl": (pp.Truncation(min_abs_coeff=1e-4, max_weight=8), 1 << 16),
              "pauli-prop": (pp.Truncation(max_terms=100_000, min_abs_coeff=1e-5), 1 << 17)}
 ANGLES = 17
@@ -46,7 +47,7 @@ def measure(low, cfg, batch: bool, trunc) -> dict:
     buf = PR._initial_buffer(models.single_z(62), cfg.capacity, np.float64)
     if batch:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (ANGLES,) + a.shape), buf)
-    params = PR._params_array(np.zeros((ANGLES, 1)) if batch else np.zeros(1), 1, np.float64)
+    params = PR.params_array(np.zeros((ANGLES, 1)) if batch else np.zeros(1), 1, np.float64)
     args = (low.tables, buf, np.int32(1), params, trunc.limits(np.float64), np.ones((128, 4)))
     fwd = PR._forward_jit(cfg, batch, jax.default_backend())
     t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def main(argv=None):
     backend = jax.default_backend()
     trunc, capacity = WORKLOADS[args.workload]
     low = PR.lowered(models.kicked_ising(20, pp.Param(0)), trunc, backend, layers=engine.layers_for(backend, trunc))
-    cfg = PR._config(low, trunc, capacity, True, backend, merged=True)
+    cfg = PR.config(low, trunc, capacity, True, backend, merged=True)
     rotation = S.U_LAYER if S.U_LAYER in cfg.units else S.U_SPLIT
     clifford, rotations = (S.U_CLIFFORD, S.U_NOOP), (S.U_NOOP, rotation)
     variants = {

@@ -5,7 +5,7 @@ Parts (issue 3's benchmarks; every time is time.perf_counter around jax.block_un
      parameter, 5,420 at 20 steps), <Z62> at theta_h = pi/4, theta_j = -pi/2, truncation
      min_abs_coeff 1e-4 and max_weight 8. The capacity is expectation_fn's own (one propagation at
      these angles, times --headroom, as a power of two). Value: jax.jit of the objective; value_and_grad:
-     the objective's compiled step (custom adjoint, pauliprop/adjoint.py). Each is traced, lowered
+     the objective's compiled step (custom adjoint, pauliprop/propagation/adjoint.py). Each is traced, lowered
      and compiled explicitly (trace_s, compile_s), run once (first_run_s), then --repeats times
      (run_s: their median).
      Reverse mode replays sqrt(U) segments of the loop's units (O(sqrt(U) C) memory, adjoint.py);

@@ -160,7 +160,7 @@ def run_ours(workload, steps, k, trunc: pp.Truncation, repeats: int, capacity: i
 def run_ours_batch(workload, steps, ks, trunc: pp.Truncation, repeats: int) -> dict:
     """The angles as one batch, as a sweep is meant to run: `pp.expectation(circuit, obs, params=(B, 1))`
     with theta_h a Param (one program for all). On CPUs its members run side by side on the cores
-    (pauliprop.propagate._drive_side_by_side). batch_first_call_s: the first call, compilation
+    (pauliprop.propagation.propagate._drive_side_by_side). batch_first_call_s: the first call, compilation
     included; batch_seconds: later calls (best of repeats). Returns {k: value} and the times."""
     circuit, obs = models.kicked_ising(steps, pp.Param(0)), observable(workload)
     angles = np.array([[k * math.pi / 32] for k in ks])

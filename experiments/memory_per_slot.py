@@ -37,8 +37,7 @@ import benchtools  # noqa: E402
 import hlo_memory  # noqa: E402
 import pauliprop as pp  # noqa: E402
 from pauliprop import models  # noqa: E402
-
-PR = sys.modules["pauliprop.propagate"]  # `pauliprop.propagate` the attribute is the function
+from pauliprop.propagation import propagate as PR  # noqa: E402
 
 
 TRUNCATIONS = {  # name: the truncation at a capacity
@@ -52,10 +51,10 @@ def analyse(layers: bool, capacity: int, truncation: str = "ppjl", breakdown: bo
     circuit, obs = models.kicked_ising(20, pp.Param(0)), models.single_z(62)
     backend = jax.default_backend()
     low = PR.lowered(circuit, trunc, backend, layers=layers)
-    cfg = PR._config(low, trunc, capacity, True, backend, merged=True)
+    cfg = PR.config(low, trunc, capacity, True, backend, merged=True)
     args = (low.device_tables(backend), PR._initial_buffer(obs, capacity, jnp.float64), np.int32(1),
-            PR._params_array(np.array([0.3]), circuit.num_params, jnp.float64), trunc.limits(jnp.float64),
-            PR._state_table("0", circuit.num_qubits, obs.num_lanes))
+            PR.params_array(np.array([0.3]), circuit.num_params, jnp.float64), trunc.limits(jnp.float64),
+            PR.state_table("0", circuit.num_qubits, obs.num_lanes))
     with tempfile.TemporaryDirectory() as dump:
         t0 = time.perf_counter()
         compiled = PR._forward_jit(cfg, False, backend).lower(*args).compile(

@@ -66,8 +66,9 @@ def random_words(count: int, seed: int) -> pp.PauliSum:
 
 def check(circuit: pp.Circuit, obs: pp.PauliSum, out: pp.PauliSum) -> float:
     """Largest coefficient mismatch between pauliprop's result and the numpy reference map."""
-    from pauliprop import clifford, program, schedule
-    from pauliprop import words as W
+    from pauliprop.algebra import clifford
+    from pauliprop.algebra import words as W
+    from pauliprop.propagation import program, schedule
 
     sched = schedule.schedule(program.lower(circuit))
     m = clifford.CliffordMap(sched.map_x[0], sched.map_z[0], sched.map_phase[0])

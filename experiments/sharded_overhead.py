@@ -49,7 +49,8 @@ def child(variant: str, log2: int, fill: float, min_abs_coeff: float, steps: int
     import numpy as np
 
     import pauliprop as pp
-    from pauliprop import models, sharded
+    from pauliprop import models
+    from pauliprop.propagation import sharded
 
     capacity = 1 << log2
     trunc = pp.Truncation(max_terms=int(fill * capacity), min_abs_coeff=min_abs_coeff)

@@ -5,7 +5,7 @@ after a compile and a first run; amplitudes are complex128 unless --dtype says o
   floor   the memory-bandwidth floor: one element-wise pass over 2^n amplitudes (read and write,
           psi * c), jitted; GB/s = 2 * 2^n * itemsize / time. A fused pass is compared with it.
   passes  the cost model's input: one dense pass of width 1-7 and one diagonal pass
-          (pauliprop.fusion.measure_pass_seconds) at the largest size.
+          (pauliprop.statevector.fusion.measure_pass_seconds) at the largest size.
   paper   the 2009 CUDA simulator's Table 9 circuits: Walsh (H on every qubit) and the QFT (Qiskit's
           synth_qft_full: H, controlled phases, final swaps; our import writes each controlled phase
           as rz, rz, rzz) at --sizes qubits.
@@ -13,7 +13,7 @@ after a compile and a first run; amplitudes are complex128 unless --dtype says o
           generated here (hyquas_circuits below: bv and qft exactly HyQuas's files, the others by
           their usual definitions; gate counts recorded per circuit).
   scaling weak scaling (--weak-scaling N): Walsh and the QFT at N + G qubits sharded over 2^G
-          devices (pauliprop.sharding, fuse="auto" within the local qubits) for every power of two
+          devices (pauliprop.statevector.sharding, fuse="auto" within the local qubits) for every power of two
           up to the device count; efficiency = time on 1 device at N / time on 2^G devices at N + G.
 For each circuit: ours jitted with fuse="auto" (k by the measured cost model) and each --widths k,
 unfused (one pass per gate) up to --unfused-max qubits, with compile time, run time, number of
@@ -50,7 +50,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import benchtools  # noqa: E402
 import pauliprop as pp  # noqa: E402
-from pauliprop import fusion  # noqa: E402
+from pauliprop.statevector import fusion  # noqa: E402
 from pauliprop import statevector as SV  # noqa: E402
 
 
@@ -261,7 +261,7 @@ def bench_circuit(name, qc, args, dtype, floors, rows):
 
 def weak_scaling(base, dtype, repeats):
     """Rows of the weak-scaling part: Walsh and the QFT at base + G qubits over 2^G devices."""
-    from pauliprop.sharding import qubit_mesh, sharded_program
+    from pauliprop.statevector.sharding import qubit_mesh, sharded_program
 
     devices = jax.devices()
     rows = []

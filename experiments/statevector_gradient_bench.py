@@ -1,7 +1,7 @@
 """Exact state-vector gradients: adjoint differentiation against JAX's reverse mode, time and memory.
 
 For a hardware-efficient ansatz (ry, rz layers, cz ladder) and the transverse-field Ising energy
-at each --sizes n and --layers L: the jitted `pauliprop.statevector_adjoint.value_and_grad` and the
+at each --sizes n and --layers L: the jitted `pauliprop.statevector.adjoint.value_and_grad` and the
 jitted `jax.value_and_grad` of `pauliprop.statevector.expectation` (reverse mode through the
 scanned reference). For each: compile time, the median run time of --repeats runs after one, and
 the compiled program's scratch memory (XLA's memory_analysis). A program that does not fit the
@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import benchtools  # noqa: E402
 import pauliprop as pp  # noqa: E402
 from pauliprop import statevector as SV  # noqa: E402
-from pauliprop.statevector_adjoint import value_and_grad  # noqa: E402
+from pauliprop.statevector.adjoint import value_and_grad  # noqa: E402
 
 
 def measure(f, params, repeats):

@@ -13,8 +13,9 @@ import jax
 jax.config.update("jax_enable_x64", True)
 import numpy as np, jax.numpy as jnp
 import pauliprop as pp
-from pauliprop import models, engine as E
-import importlib; P = importlib.import_module("pauliprop.propagate")
+from pauliprop import models
+from pauliprop.propagation import engine as E
+from pauliprop.propagation import propagate as P
 cap = 65536
 circ = models.kicked_ising(20, pp.Param(0)); obs = models.single_z(62)
 tr = pp.Truncation(min_abs_coeff=1e-4, max_weight=8)
@@ -25,7 +26,7 @@ limits = tr.limits(jnp.float64)
 out = {}
 for K in (1, 16):
     for batch in (None, 17):
-        cfg = P._config(low, tr, cap, True, "gpu")._replace(units_per_test=K)
+        cfg = P.config(low, tr, cap, True, "gpu")._replace(units_per_test=K)
         fn = P._forward_jit(cfg, batch is not None, "gpu")
         p = np.array([[k * math.pi / 32] for k in range(17)]) if batch else np.array([8 * math.pi / 32])
         buf = P._initial_buffer(obs, cap, jnp.float64, batch)

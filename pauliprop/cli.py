@@ -247,7 +247,7 @@ def _estimate(args) -> dict:
     import numpy as np
 
     import pauliprop as pp
-    from pauliprop.truncation import RULES
+    from pauliprop.propagation.truncation import RULES
 
     circuit = pp.Circuit.from_qasm(_read(args.circuit), _params(args.params))
     obs = _observable(args, circuit.num_qubits)

@@ -10,7 +10,7 @@
   write, a cache read and a sampler compile).
 * No persistent compilation cache: a cache keeps executables alive too, and only an explicit
   JAX_COMPILATION_CACHE_DIR from the environment turns it on (PAULIPROP_NO_CACHE=1 keeps pauliprop
-  from turning on its default one; tests/pauliprop/test_compilation.py runs it in subprocesses).
+  from turning on its default one; tests/pauliprop/runtime/test_compilation.py runs it in subprocesses).
 * Hypothesis: no deadline (the first example of a property pays for the JAX compile).
 """
 
@@ -31,7 +31,7 @@ jax.config.update("jax_enable_x64", True)
 def several_rooms(monkeypatch):
     """Buffers of test sizes with several rooms: pauliprop gives a buffer of at most
     engine.ONE_ROOM_CAPACITY slots one room, so tests of the room paths lower that bound."""
-    from pauliprop import engine
+    from pauliprop.propagation import engine
 
     monkeypatch.setattr(engine, "ONE_ROOM_CAPACITY", 256)
 

@@ -1,13 +1,13 @@
 """Independent dense references for the tests: plain numpy, written from the documented semantics.
 
 Nothing here calls the engine (propagate, merge, words, overlap, statevector); it only reads the gate
-records (`pauliprop.gates`: matrices and Kraus operators, which test_gates.py checks against Qiskit and
+records (`pauliprop.circuits.gates`: matrices and Kraus operators, which test_gates.py checks against Qiskit and
 closed forms) and the circuit's instruction list.
 
 * `dense_unitary`, `density_matrix`, `dense_expectation`: Schroedinger-picture references
   (little-endian: qubit q is bit q of a basis index).
 * `reference_propagate`: a dict-based Heisenberg propagator with truncation, applying the rules after
-  every operation exactly as pauliprop/truncation.py, merge.py and propagate.py document them.
+  every operation exactly as pauliprop/propagation/truncation.py, merge.py and propagate.py document them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from itertools import product
 
 import numpy as np
 
-from pauliprop import gates as G
-from pauliprop.circuit import Param
+from pauliprop.circuits import gates as G
+from pauliprop.circuits.circuit import Param
 
 PAULI = G.PAULI_MATRICES
 LETTERS = "IXYZ"
@@ -166,7 +166,7 @@ def weight(label: str) -> int:
 
 
 def classify(ins) -> str:
-    """The operation kind the documented lowering (pauliprop/program.py) gives an instruction."""
+    """The operation kind the documented lowering (pauliprop/propagation/program.py) gives an instruction."""
     g = ins.gate
     if g.kind == "clifford":
         return "skip" if g.name == "id" else "clifford"
@@ -192,7 +192,7 @@ def reference_propagate(circuit, terms: dict, params=None, *, max_weight=None, m
                         max_terms=None, max_sins=None, tie_rtol=1e-9, return_counts=False):
     """Heisenberg propagation of {label: coeff} (distinct labels) with truncation after every operation.
 
-    Semantics (pauliprop/truncation.py, merge.py, propagate.py): the observable and the output of every
+    Semantics (pauliprop/propagation/truncation.py, merge.py, propagate.py): the observable and the output of every
     non-splitting operation (Clifford, quarter turn, Pauli channel) go through the per-term rules
     (max_weight, then min_abs_coeff); after a splitting operation (a rotation that is not a quarter
     turn, amplitude damping) the merged terms go through all rules (zero coefficients stay: they carry

@@ -15,8 +15,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 import pauliprop as pp
-from pauliprop import gates as G
-from pauliprop import program as P
+from pauliprop.circuits import gates as G
+from pauliprop.propagation import program as P
 
 CLIFFORD_1Q = sorted(n for n, g in G.GATES.items() if g.kind == "clifford" and g.num_qubits == 1)
 CLIFFORD_2Q = sorted(n for n, g in G.GATES.items() if g.kind == "clifford" and g.num_qubits == 2)

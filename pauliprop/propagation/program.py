@@ -1,0 +1,134 @@
+"""Lowering: a Circuit becomes a Program, the static gate table that `propagate` scans.
+
+One row per operation, in circuit order, with one of five kinds:
+
+  CLIFFORD  a 1- or 2-qubit Clifford as a 16-entry table of images and signs on the local
+            symplectic code (a 1-qubit gate uses qubits (a, a) and the diagonal codes c | c << 2).
+  ROTATION  exp(-i a/2 G) for a Pauli word G: splits anticommuting words (merge follows).
+  QUARTER   a rotation with a fixed angle k*pi/2: a Clifford that maps words in place.
+  CHANNEL   a single-qubit Pauli channel: scales the coefficients of X, Z, Y words.
+  DAMP      amplitude damping: Z -> (1-g) Z + g I, X, Y -> sqrt(1-g) (splits Z words).
+
+Angles are scale * params[index] + offset (index -1: fixed). Every backend reads the same gate
+records (`pauliprop.circuits.gates`): the Clifford tables are derived from the gates' unitaries.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..algebra import words
+from ..circuits import gates
+from ..circuits.circuit import Circuit, Param
+
+CLIFFORD, ROTATION, QUARTER, CHANNEL, DAMP = range(5)
+KIND_NAMES = ("clifford", "rotation", "quarter", "channel", "damp")
+
+
+class Program(NamedTuple):
+    """Arrays with one row per operation (numpy; converted to jax in propagate)."""
+
+    kind: np.ndarray  # (L,) int32
+    qubits: np.ndarray  # (L, 2) int32
+    table: np.ndarray  # (L, 16) int32: Clifford image codes
+    sign: np.ndarray  # (L, 16) float: Clifford signs; CHANNEL: factors for codes I, X, Z, Y in [:4]
+    gx: np.ndarray  # (L, W) uint32: rotation generators
+    gz: np.ndarray  # (L, W) uint32
+    param_index: np.ndarray  # (L,) int32, -1 for fixed angles
+    scale: np.ndarray  # (L,) float
+    offset: np.ndarray  # (L,) float (fixed angle; DAMP: gamma)
+    num_qubits: int
+    num_params: int
+
+    @property
+    def length(self) -> int:
+        return int(self.kind.shape[0])
+
+
+_IDENTITY_TABLE = np.arange(16, dtype=np.int32)
+
+
+def _table_1q(image, sign):
+    """Embed a 1-qubit action in a 16-entry table on the diagonal codes c | c << 2."""
+    table, sgn = _IDENTITY_TABLE.copy(), np.ones(16)
+    for c in range(4):
+        table[c | c << 2] = image[c] | image[c] << 2
+        sgn[c | c << 2] = sign[c]
+    return table, sgn
+
+
+_clifford_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def clifford_table(gate: gates.GateDef):
+    """The 16-entry (image, sign) table of a Clifford gate, derived from its unitary (cached)."""
+    if gate.name not in _clifford_cache:
+        image, sign = gates.clifford_action(gate.matrix())
+        _clifford_cache[gate.name] = _table_1q(image, sign) if gate.num_qubits == 1 else (image, sign.astype(float))
+    return _clifford_cache[gate.name]
+
+
+def channel_factors(ins) -> np.ndarray:
+    """Heisenberg scaling of the local codes I, X, Z, Y by a single-qubit Pauli channel."""
+    name, a = ins.name, ins.args
+    if name == "depolarize":
+        px = py = pz = a[0] / 4
+    elif name == "dephase":
+        px, py, pz = 0.0, 0.0, a[0] / 2
+    else:
+        px, py, pz = a
+    return np.array([1.0, 1 - 2 * (py + pz), 1 - 2 * (px + py), 1 - 2 * (px + pz)])
+
+
+def lower(circuit: Circuit) -> Program:
+    """Build the Program of a circuit (host-side, once per circuit)."""
+    n = circuit.num_qubits
+    w = words.num_lanes(n)
+    rows = []
+    for ins in circuit.instructions:
+        g = ins.gate
+        row = dict(kind=CLIFFORD, qubits=(ins.qubits[0], ins.qubits[-1]), table=_IDENTITY_TABLE, sign=np.ones(16),
+                   gen=None, param_index=-1, scale=0.0, offset=0.0)
+        if g.kind == "clifford":
+            if g.name == "id":
+                continue
+            row["table"], row["sign"] = clifford_table(g)
+        elif g.kind == "rotation":
+            word = {q: ch for q, ch in zip(ins.qubits, ins.generator) if ch != "I"}
+            angle = g.fixed_angle if g.fixed_angle is not None else ins.args[0]
+            if not word:
+                continue  # exp(-i a/2 I) is a global phase
+            row["gen"] = word
+            if isinstance(angle, Param):
+                row.update(kind=ROTATION, param_index=angle.index, scale=angle.scale, offset=angle.offset)
+            else:
+                k = gates.quarter_turns(angle)
+                if k is not None and k % 4 == 0:
+                    continue  # identity up to phase
+                row.update(kind=QUARTER if k is not None else ROTATION, offset=float(angle if k is None else k * math.pi / 2))
+        else:  # channel
+            if g.name == "amplitude_damp":
+                row.update(kind=DAMP, offset=ins.args[0])
+            else:
+                sign = np.ones(16)
+                sign[:4] = channel_factors(ins)
+                row.update(kind=CHANNEL, sign=sign)
+        rows.append(row)
+
+    L = len(rows)
+    gx, gz = words.pack([r["gen"] or {} for r in rows], n) if L else (np.zeros((0, w), np.uint32),) * 2
+    return Program(
+        kind=np.array([r["kind"] for r in rows], dtype=np.int32),
+        qubits=np.array([r["qubits"] for r in rows], dtype=np.int32).reshape(L, 2),
+        table=np.array([r["table"] for r in rows], dtype=np.int32).reshape(L, 16),
+        sign=np.array([r["sign"] for r in rows], dtype=float).reshape(L, 16),
+        gx=gx.reshape(L, w), gz=gz.reshape(L, w),
+        param_index=np.array([r["param_index"] for r in rows], dtype=np.int32),
+        scale=np.array([r["scale"] for r in rows], dtype=float),
+        offset=np.array([r["offset"] for r in rows], dtype=float),
+        num_qubits=n,
+        num_params=circuit.num_params,
+    )

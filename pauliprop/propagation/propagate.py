@@ -1,0 +1,688 @@
+"""Backward Pauli propagation: the public entry points around the engine's loop.
+
+`propagate` and `expectation` lower the circuit once (program.py, schedule.py; cached on the
+circuit), pick a capacity, and run the loop of engine.py. Outside a jax trace a unit that would
+overflow the buffer stops the loop; the buffer is grown and the loop resumes at that unit, so a
+result is never silently lossy and never recomputed from the first gate. Inside a trace (jit,
+grad, vmap) the capacity is fixed: an overflow keeps the largest terms, is counted in the stats
+and warned about. Gradients come from the engine's own reverse mode (adjoint.py).
+
+Programs are shared: the compiled loop depends on the capacity, the lanes, the rules that exist,
+the truncation semantics and the bucketed lengths of the tables, not on the gates; params may be a
+batch (B, P) of parameter sets, which run together in one program (on CPUs, a batch of large
+members instead runs them side by side on the cores, each alone: `_drive_side_by_side`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import statevector
+from ..algebra.overlap import parse_state
+from ..algebra.paulisum import PauliSum
+from ..circuits.circuit import Circuit
+from ..runtime.batching import batched, vmap_shared
+from . import adjoint, engine, merge, program, schedule
+from .truncation import NO_TRUNCATION, RULES, Truncation
+
+
+class PropagationStats(NamedTuple):
+    """What propagation did: live terms after each operation (circuit order; inside a fused run or a
+    layer, the count after that step), the 1-norm each rule dropped (order of `truncation.RULES`),
+    whether the capacity overflowed, and the capacity."""
+
+    terms: jax.Array  # (L,) int32, terms after each operation, in circuit order
+    dropped_norm: jax.Array  # (5,) float: max_weight, min_abs_coeff, max_sins, max_terms, overflow
+    overflow: jax.Array  # bool
+    capacity: int
+    max_terms_seen: jax.Array  # int32, the largest live count
+
+    @property
+    def total_dropped_norm(self):
+        return jnp.sum(self.dropped_norm)
+
+    def summary(self) -> str:
+        d = dict(zip(RULES, np.asarray(self.dropped_norm).tolist()))
+        return (f"capacity {self.capacity}, peak terms {int(self.max_terms_seen)}, final terms "
+                f"{int(self.terms[0]) if len(self.terms) else 0}, overflow {bool(self.overflow)}, dropped 1-norm {d}")
+
+
+# ---- lowering, cached on the circuit ------------------------------------------------------------------
+
+class Lowered(NamedTuple):
+    program: program.Program
+    schedule: schedule.Schedule
+    units: schedule.Units
+    tables: dict  # padded numpy tables, the loop's input
+    on_device: dict  # backend -> the tables as device arrays (copied once, not at every call)
+
+    def device_tables(self, backend: str) -> dict:
+        if backend not in self.on_device:
+            self.on_device[backend] = jax.device_put(self.tables, jax.devices(backend)[0])
+        return self.on_device[backend]
+
+
+def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None, layers: bool = False) -> Lowered:
+    """The circuit's program, steps, units and tables for this truncation's semantics (cached on the
+    circuit until it changes). layers: a layer of rotations is one unit (engine.layer_unit)."""
+    backend = backend or jax.default_backend()
+    weight_each = truncation.per == "gate" and truncation.max_weight is not None
+    key = (len(circuit.instructions), truncation.per, weight_each, backend, layers)
+    cache = getattr(circuit, "_program_cache", None)
+    if not isinstance(cache, dict):
+        cache = circuit._program_cache = {}
+    if key not in cache:
+        sibling = cache.get(key[:-1] + (not layers,))  # the same program and schedule, other units
+        prog, sched = (sibling.program, sibling.schedule) if sibling else (program.lower(circuit), None)
+        sched = sched or schedule.schedule(prog, weight_each_gate=weight_each, backend=backend)
+        units = schedule.units(sched, truncation.per, layers=layers)
+        tables = {**schedule.padded(sched), **schedule.padded_units(units), "num_units": np.int32(units.length)}
+        for old in [k for k in cache if k[0] != key[0]]:  # lowered before the circuit grew
+            del cache[old]
+        cache[key] = Lowered(prog, sched, units, tables, {})
+    return cache[key]
+
+
+# ---- inputs -------------------------------------------------------------------------------------------
+
+def check_inputs(circuit: Circuit, obs: PauliSum, params):
+    if not isinstance(circuit, Circuit):
+        raise TypeError(f"expected a pauliprop.Circuit, got {type(circuit).__name__}")
+    if not isinstance(obs, PauliSum):
+        raise TypeError(f"expected a pauliprop.PauliSum observable, got {type(obs).__name__}")
+    if obs.num_qubits != circuit.num_qubits:
+        raise ValueError(f"observable acts on {obs.num_qubits} qubits but the circuit has {circuit.num_qubits}")
+    need = circuit.num_params
+    if need and params is None:
+        raise ValueError(f"circuit uses {need} parameter(s) (Param(0)..Param({need - 1})) but params is None")
+    if params is not None:
+        shape = jnp.shape(params) if is_traced(params) else np.shape(params)
+        if len(shape) not in (1, 2):
+            raise ValueError(f"params must be a 1-d array (or 2-d: a batch of parameter sets), got shape {shape}")
+        if shape[-1] < need:
+            raise ValueError(f"circuit uses Param({need - 1}) but params has only {shape[-1]} entries")
+        if not is_traced(params):
+            p = np.asarray(params)
+            if not np.all(np.isfinite(p)):
+                bad = np.argwhere(~np.isfinite(p))[0]
+                raise ValueError(f"params[{', '.join(map(str, bad))}] = {p[tuple(bad)]} is not finite")
+
+
+def _ndim(params) -> int:
+    return jnp.ndim(params) if is_traced(params) else np.ndim(params)
+
+
+def is_traced(*xs) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for x in xs for leaf in jax.tree_util.tree_leaves(x))
+
+
+def default_capacity(obs: PauliSum, truncation: Truncation, num_qubits: int | None = None) -> int:
+    """A first capacity (a power of two): max_terms and a quarter more when given (a rotation whose
+    spawned words do not fit cuts the buffer and them together to max_terms); otherwise
+    room for modest growth, at most the 4^n words of n qubits, and 2^14 (CPUs) or 2^16 (GPUs) for
+    truncated propagation on more than 32 qubits, where growth is the rule."""
+    n = num_qubits or obs.num_qubits
+    if truncation.max_terms is not None:
+        want = truncation.max_terms + truncation.max_terms // 4
+    else:
+        want = min(64 * max(len(obs), 16), 4 ** min(n, 15))
+        if n > 32 and not truncation.is_exact:
+            want = max(want, 1 << (14 if jax.default_backend() == "cpu" else 16))
+    return 1 << max(6, int(math.ceil(math.log2(max(want, len(obs), 1)))))
+
+
+def params_array(params, num_params: int, dtype):
+    """params as a (P,) or (B, P) array of the coefficients' dtype, padded to a bucketed length."""
+    if params is None:
+        params = jnp.zeros(0, dtype)
+    p = params if is_traced(params) else np.asarray(params)
+    width = schedule.bucket(max(p.shape[-1], num_params), 1)
+    pad = [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])]
+    return (jnp if is_traced(p) else np).pad(p.astype(dtype), pad)
+
+
+def _initial_buffer(obs: PauliSum, capacity: int, dtype) -> engine.Buffer:
+    """The observable in a buffer of `capacity` slots (host arrays unless its coefficients are traced)."""
+    t = len(obs)
+    if t > capacity:
+        raise ValueError(f"observable has {t} terms, more than the capacity {capacity}")
+    w = obs.num_lanes
+    words = np.zeros((capacity, 2 * w), np.uint32)
+    words[:t, :w] = np.asarray(obs.x, np.uint32).reshape(t, w)
+    words[:t, w:] = np.asarray(obs.z, np.uint32).reshape(t, w)
+    if is_traced(obs.coeffs):
+        coeffs = jnp.zeros(capacity, dtype).at[:t].set(jnp.asarray(obs.coeffs, dtype))
+    else:
+        coeffs = np.zeros(capacity, dtype)
+        coeffs[:t] = np.asarray(obs.coeffs, dtype)
+    return engine.Buffer(words, coeffs, (np.arange(capacity) < t).astype(np.int32), np.zeros(5, dtype))
+
+
+def _grown(buf: engine.Buffer, capacity: int) -> engine.Buffer:
+    """The buffer in `capacity` slots; a buffer of that size as it is. Host arrays (and CPUs' buffers)
+    are padded on the host (no program to compile for the copy); device buffers on GPUs on the
+    device, where a copy through the host costs milliseconds a call (P3's 8K words: 5.5 ms)."""
+    axis = np.ndim(buf.coeffs) - 1
+    if np.shape(buf.coeffs)[axis] == capacity:
+        return buf
+    if isinstance(buf.coeffs, jax.Array) and jax.default_backend() != "cpu":
+        return _pad_slots(buf, capacity)
+
+    def grow(a):
+        a = np.asarray(a)
+        pad = [(0, 0)] * a.ndim
+        pad[axis] = (0, capacity - a.shape[axis])
+        return np.pad(a, pad)
+
+    return engine.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), np.asarray(buf.dropped))
+
+
+@partial(jax.jit, static_argnums=1)
+def _pad_slots(buf: engine.Buffer, capacity: int) -> engine.Buffer:
+    axis = buf.coeffs.ndim - 1
+    grow = lambda a: jnp.pad(a, [(0, capacity - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
+    return engine.Buffer(grow(buf.words), grow(buf.coeffs), grow(buf.meta), buf.dropped)
+
+
+def next_capacity(capacity: int, need: int) -> int:
+    """The capacity to resume with: at least twice the old one and twice what the step needed."""
+    return 1 << int(math.ceil(math.log2(max(2 * capacity, 2 * need))))
+
+
+UNITS_PER_TEST = 16  # GPUs: units a loop step applies between two waits for the host (engine.run)
+
+
+def _units_per_test(low: Lowered, backend: str) -> int:
+    """UNITS_PER_TEST on GPUs for programs of many units; 1 on CPUs (a test costs nothing there) and for
+    a few units (a unit past the end still runs the switch, which waits for the host on GPUs: P3's
+    three-unit program took 10 ms with 16, 7.5 ms with 1, on an H100)."""
+    return UNITS_PER_TEST if backend != "cpu" and low.units.length >= 4 * UNITS_PER_TEST else 1
+
+
+LARGE_MAP_CAPACITY = 1 << 20  # GPUs: buffers from this many slots unroll a dense map's loop less (map_unroll)
+
+
+def map_unroll(backend: str, capacity: int) -> int:
+    """Bytes of a word a dense Clifford map looks up per loop iteration (clifford.apply_map). CPUs: 1.
+    GPUs: 32 (every byte of 128 qubits in one kernel) below LARGE_MAP_CAPACITY slots, where a map is
+    a few launches' latency; 8 from there on, because XLA:GPU keeps every unrolled byte's looked-up
+    rows and indices at once: at 2^22 slots the max_terms program held 225 bytes a slot of
+    temporaries with 32, 123 with 8 (120 with 4), and ran as fast (one H100, 2026-11-26: the map of
+    2^22 words 2.44-2.54 ms with 32, 2.54 with 8, 3.2-3.3 with 4; the kicked Ising's max_terms run at
+    2^20 slots 1.41-1.43 s warm with either). With 8 the 2^16-slot kicked Ising ran about 5% slower
+    (0.078-0.085 s warm against 0.072-0.077)."""
+    if backend == "cpu":
+        return 1
+    return 32 if capacity < LARGE_MAP_CAPACITY else 8
+
+
+def config(low: Lowered, truncation: Truncation, capacity: int, stop: bool, backend: str,
+           merged: bool = False, exact_order: bool = False, whole_room: bool = False) -> engine.Config:
+    """merged: the observable's merge (unit 0) ran before the loop (`merged_observable`): the program
+    holds no merge code unless a later unit merges (amplitude damping). A program that stops reports
+    fingerprint collisions (Config.report_collisions) unless exact_order: its rooms order exactly.
+    whole_room: the program holds the room of the whole buffer where engine.whole_room_for leaves it out."""
+    features = engine.features(low.units, low.schedule)
+    if merged and schedule.U_MERGE not in low.units.kind[1:]:
+        features["units"] = tuple(k for k in features["units"] if k != schedule.U_MERGE)
+    rooms = engine.rooms_for(capacity, backend)
+    cut_rooms = engine.split_rooms_with_cut(rooms, backend, truncation, stop)
+    return engine.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
+                         sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
+                         whole_room=whole_room or engine.whole_room_for(backend, cut_rooms, stop),
+                         skip_unmet=backend == "cpu",
+                         unroll=map_unroll(backend, capacity), units_per_test=_units_per_test(low, backend),
+                         report_collisions=stop and not exact_order, **features)
+
+
+def one_program_per_key(factory):
+    """functools.cache for the factories of jitted programs, safe for threads (a CPU batch's members
+    run on threads: _drive_side_by_side). Two threads that missed a plain functools.cache together
+    each built their own jax.jit, and each compiled the same program: two compilations of the
+    kicked-Ising program at once took 15-19 s instead of 6 on the 2-core CPU. (jax.jit itself
+    compiles once for threads that call one jitted function together.)"""
+    cached = functools.cache(factory)
+    lock = threading.Lock()
+
+    @functools.wraps(factory)
+    def get(*key):
+        with lock:
+            return cached(*key)
+
+    get.cache_info, get.cache_clear = cached.cache_info, cached.cache_clear
+    return get
+
+
+@one_program_per_key
+def _merge_jit(cfg: engine.Config, backend: str):
+    def merge(T, buf, limits):
+        out = engine.merge_unit(buf, 0, T, None, limits, cfg)[0]
+        return out, jnp.sum(out.live, dtype=jnp.int32)
+
+    return Jitted(merge, compiler_options(backend, cfg.capacity))
+
+
+HOST_MERGE_TERMS = 1 << 12  # GPUs: observables of up to this many terms are merged by the host's CPU
+
+
+def merged_observable(low: Lowered, obs: PauliSum, truncation: Truncation, limits, dtype,
+                      backend: str) -> tuple[engine.Buffer, jax.Array]:
+    """`_merge_observable`, remembered on the observable for its next call with the same circuit and
+    settings (a VQE or sweep loop passes one observable many times: the merge and, on GPUs, a copy
+    from the host a call are saved). Its arrays are compared by identity, so a new array is a new
+    observable. The caller must not donate the buffer returned."""
+    same = (low.tables, obs.x, obs.z, obs.coeffs)
+    key = (truncation, np.dtype(dtype).name, backend)
+    hit = getattr(obs, "_merged", None)
+    if hit is not None and all(a is b for a, b in zip(hit[0], same)) and hit[1] == key:
+        return hit[2]
+    merged = _merge_observable(low, obs, truncation, limits, dtype, backend)
+    obs._merged = (same, key, merged)
+    return merged
+
+
+def _merge_observable(low: Lowered, obs: PauliSum, truncation: Truncation, limits, dtype,
+                      backend: str) -> tuple[engine.Buffer, jax.Array]:
+    """(buffer, live words): the loop's first unit, the observable's merge (duplicates summed, the rules applied, the words
+    in the merge's order), run alone on a buffer of the observable's size: the loop's program then
+    needs no merge code (about 1.3 s of the kicked Ising's 7 s compilation on the 2-core CPU), and
+    this small program compiles in a fraction of that. The same function on the same words: the
+    result is the one the loop's unit would give. On GPUs an observable of up to HOST_MERGE_TERMS
+    terms is merged by the CPU backend and its buffer (of the observable's size) copied to the GPU:
+    the GPU's compilation of this program took 1.1-1.3 s on an H100, the CPU's 0.3 s. (Larger ones
+    merge on the GPU: P3's 30,000 words took 7 ms a call on the host, 2.8 ms on the GPU.)"""
+    small = schedule.bucket(len(obs), 64)
+    if backend != "cpu" and small <= HOST_MERGE_TERMS:
+        with jax.default_device(jax.devices("cpu")[0]):
+            merged = _merge_observable(low, obs, truncation, limits, dtype, "cpu")
+        return jax.device_put(merged, jax.devices(backend)[0])
+    if len(obs) == 1 and not is_traced(obs.coeffs):
+        return _one_term_merged(obs, truncation, dtype, small)
+    cfg = config(low, truncation, small, True, backend)  # a merge never outgrows its input's buffer
+    return _merge_jit(cfg, backend)(low.device_tables(backend), _initial_buffer(obs, small, dtype), limits)
+
+
+def _one_term_merged(obs: PauliSum, truncation: Truncation, dtype, slots: int) -> tuple[engine.Buffer, int]:
+    """The merge of a one-term observable (a single Pauli, the common case), on the host: nothing to
+    sum, and max_terms >= 1 cuts nothing, so only max_weight and min_abs_coeff can drop the term,
+    charged as the merge charges them (a term is charged to its first rule, as in
+    truncation.violations). The merge program's result, without compiling it (0.5-0.7 s of a fresh
+    process on the 2-core CPU; on GPUs its copy to the device stays)."""
+    buf = _initial_buffer(obs, slots, dtype)
+    limits = truncation.limits(dtype)  # the values the program compares with, in its dtypes
+    mag = np.abs(buf.coeffs[0])
+    sites = buf.words[0, :obs.num_lanes] | buf.words[0, obs.num_lanes:]
+    heavy = limits.max_weight is not None and int(np.unpackbits(sites.view(np.uint8)).sum()) > limits.max_weight
+    small = limits.min_abs_coeff is not None and not heavy and bool(mag < limits.min_abs_coeff)
+    if heavy or small:
+        buf.dropped[0 if heavy else 1] = mag
+        buf.words[0], buf.coeffs[0], buf.meta[0] = 0, 0, 0
+    return buf, np.int32(buf.meta[0])
+
+
+# ---- the compiled loop -------------------------------------------------------------------------------
+
+# XLA:CPU copies each lax.switch result back into the loop's carry unless copy insertion runs its region
+# analysis (three buffer copies per gate on the kicked Ising). A per-executable option, so JAX's global
+# settings stay untouched; JAX takes it only on a top-level jit: under your own jax.jit on a CPU, pass
+# compiler_options=pauliprop.CPU_COMPILER_OPTIONS there. LLVM at -O1 instead of the default: the kicked
+# Ising's loop program (pauli-prop's settings, 2^17 slots) compiles in 8.4-8.8 s instead of 8.7-9.0 s
+# on one core of the 2-core CPU and runs as fast (4.0-4.3 s an angle, interleaved runs); -O0 runs 4.5x slower.
+CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True, "xla_backend_optimization_level": 1}
+# Small buffers run in milliseconds whatever the code's quality, so there XLA:CPU skips its slow
+# optimisation: a 4-qubit circuit's program compiles in 0.7 s instead of 2.0 s (and runs in 3 ms, not 1).
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+FAST_COMPILE_CAPACITY = 1 << 12
+
+
+def compiler_options(backend: str, capacity: int) -> dict | None:
+    """The XLA options of the loop's program on this backend at this capacity."""
+    if backend != "cpu":
+        return None
+    return {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
+
+
+class Jitted:
+    """jax.jit(fn, compiler_options=options, **kw), compiled again without the options this jaxlib's
+    XLA does not know if it rejects one (option names come and go between versions: jax 0.11 has no
+    xla_cpu_use_fusion_emitters). Costs nothing when XLA takes them all."""
+
+    def __init__(self, fn, options: dict | None, **kw):
+        self._fn, self._options, self._kw = fn, options, kw
+        self._jitted = jax.jit(fn, compiler_options=options, **kw)
+
+    def __call__(self, *args):
+        try:
+            return self._jitted(*args)
+        except jax.errors.JaxRuntimeError as exc:  # raised while compiling: no buffer was donated
+            if not self._options or "compile option" not in str(exc):
+                raise
+            self._options = {k: v for k, v in self._options.items() if _xla_knows(k, v)}
+            self._jitted = jax.jit(self._fn, compiler_options=self._options, **self._kw)
+            return self._jitted(*args)
+
+    def __getattr__(self, name):  # trace, lower, ...
+        return getattr(self._jitted, name)
+
+
+@functools.cache
+def _xla_knows(option: str, value) -> bool:
+    """Whether XLA takes this compile option (a trivial CPU program compiled with it, once a process)."""
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(np.float32(0)).compile()
+    except jax.errors.JaxRuntimeError as exc:
+        if "compile option" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _forward(T, buf, start, params, limits, table, *, cfg):
+    buf, progress = engine.run(T, buf, start, params, limits, cfg)
+    return buf, progress, engine.value(buf, table)
+
+
+@one_program_per_key
+def _forward_jit(cfg: engine.Config, batch: bool, backend: str):
+    fn = partial(_forward, cfg=cfg)
+    if batch:
+        fn = vmap_shared(fn, (None, 0, None, 0, None, None))
+    return Jitted(fn, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+
+
+def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capacity, max_capacity,
+           initial_capacity, table, layers: bool | None = None):
+    """Concrete inputs: run the loop, growing the buffer and resuming where it overflowed. A fixed
+    capacity runs the same program (one that stops at an overflow) and, only if a unit overflows,
+    the rest in the program that keeps the largest terms: the result is the latter's from the start
+    (the two agree on every unit that fits), and a call at the capacity that growth found compiles
+    nothing new. The overflow's cut happens gate by gate, as under a trace (`_propagate_traced`):
+    where the rotations ran as layers (GPUs), whose passes would cut in another order, the call
+    runs again without them (layers: None picks engine.layers_for)."""
+    backend = jax.default_backend()
+    layers = engine.layers_for(backend, truncation) if layers is None else layers
+    low = lowered(circuit, truncation, backend, layers=layers)
+    dtype = jnp.result_type(float)
+    p = params_array(params, circuit.num_params, dtype)
+    batch = p.shape[0] if p.ndim == 2 else None
+    fixed = capacity is not None
+    cap = capacity if fixed else (initial_capacity or default_capacity(obs, truncation))
+    if cap < 1 or cap < len(obs):
+        raise ValueError(f"capacity {cap} is smaller than the observable's {len(obs)} terms")
+    workers = min(batch or 1, _cores())
+    if backend == "cpu" and workers > 1 and cap >= SIDE_BY_SIDE_CAPACITY:
+        return _drive_side_by_side(circuit, obs, np.asarray(params), truncation, capacity, max_capacity,
+                                   initial_capacity, table, workers)
+    limits = truncation.limits(dtype)
+    unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
+    # the observable's merge (unit 0: schedule.schedule puts it first) runs alone, outside the loop
+    assert int(low.units.kind[0]) == schedule.U_MERGE, "the schedule's first unit is the observable's merge"
+    merged, live = merged_observable(low, obs, truncation, limits, dtype, backend)
+    if merged.coeffs.shape[-1] > cap:  # the merge's buffer is bucketed (64 slots at least) and compacted
+        merged = merged._replace(words=merged.words[:cap], coeffs=merged.coeffs[:cap], meta=merged.meta[:cap])
+    buf = _grown(merged, cap)
+    if buf is merged:  # the loop donates its buffer: not the one remembered on the observable
+        buf = jax.tree_util.tree_map(jnp.copy, buf)
+    peak = 0  # the loop's own peak starts from the buffer it is given
+    if batch is not None:
+        buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
+    start, exact_order, whole_room, cut = 1, False, False, False
+    while True:
+        cfg = config(low, truncation, cap, not cut, backend, merged=True, exact_order=exact_order,
+                     whole_room=whole_room)
+        fwd = _forward_jit(cfg, batch is not None, backend)
+        buf, prog, val = fwd(low.device_tables(backend), buf, np.int32(start), p, limits, table)
+        # one wait for the device, whose copies overlap
+        unit, needs, terms, peaks, dropped, live = jax.device_get((prog.unit, prog.need, prog.unit_terms, prog.peak,
+                                                                  buf.dropped, live))
+        unit_terms[0] = live
+        stop = int(np.reshape(unit, -1)[0])
+        need = int(np.max(needs))
+        terms = terms.max(axis=0) if terms.ndim == 2 else terms
+        unit_terms[start:] = terms[start:]
+        peak = max(peak, int(np.max(peaks)))
+        if need == 0:
+            break
+        start = stop
+        if need == merge.COLLIDED:  # two words' fingerprints collided: the rest in rooms that order exactly
+            exact_order = True
+            continue
+        if need == engine.WHOLE_ROOM:  # a rotation split more than half the buffer: the rest in the program
+            whole_room = True  # that holds the room of the whole buffer
+            continue
+        if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow)
+            if layers and schedule.U_LAYER in low.units.kind:
+                return _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
+                              layers=False)
+            cut = True
+            continue
+        grown = next_capacity(cap, need)
+        if grown > max_capacity:
+            raise MemoryError(f"propagation needs {need} term slots at {operation_at(low, stop)}, more than "
+                              f"capacity {cap} and max_capacity={max_capacity} allow; add truncation "
+                              "(min_abs_coeff, max_terms, max_weight) or raise max_capacity")
+        cap = grown
+        buf = _grown(buf, cap)
+    terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
+    # dropped: host arithmetic, no small programs to compile for the stats
+    stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=dropped[..., 4] > 0,
+                             capacity=cap, max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
+    _warn_overflow(stats.overflow, stats.dropped_norm[..., 4], cap)
+    return buf, stats, val
+
+
+SIDE_BY_SIDE_CAPACITY = 1 << 14  # CPUs: a batch whose buffers start this large runs members side by side
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _drive_side_by_side(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
+                        workers: int):
+    """A CPU batch of large members, each driven alone (its own capacity growth, the unbatched
+    program) on one of `workers` threads. XLA:CPU runs a member's sorts, gathers and scatters on
+    one core, so members side by side use the others: the kicked Ising at pauli-prop's settings (1e5
+    terms), two angles on the 2-core CPU in 5.2-5.8 s side by side against 8.3-8.6 s one after the
+    other. (One vmapped program instead takes every member through its largest member's room.) The
+    results are the members' own; the batch's buffers are padded to the largest capacity."""
+    drive = lambda q: _drive(circuit, obs, q, truncation, capacity, max_capacity, initial_capacity, table)
+    with ThreadPoolExecutor(workers) as pool:
+        runs = list(pool.map(drive, params))
+    cap = max(stats.capacity for _, stats, _ in runs)
+    buf = jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *[_grown(b, cap) for b, _, _ in runs])
+    stats = [s for _, s, _ in runs]
+    stats = PropagationStats(terms=np.max([s.terms for s in stats], axis=0),
+                             dropped_norm=np.stack([s.dropped_norm for s in stats]),
+                             overflow=np.stack([s.overflow for s in stats]), capacity=cap,
+                             max_terms_seen=np.int32(max(int(s.max_terms_seen) for s in stats)))
+    return buf, stats, np.stack([np.asarray(v) for _, _, v in runs])
+
+
+def operation_at(low: Lowered, unit: int) -> str:
+    ops = np.flatnonzero(low.units.unit_of_op == unit)
+    return f"row {int(ops.max())} of the lowered circuit" if len(ops) else f"unit {unit}"
+
+
+def _warn_overflow(overflow, dropped, capacity):
+    if bool(np.any(np.asarray(overflow))):
+        warnings.warn(f"pauliprop: capacity {capacity} overflowed; dropped 1-norm {float(np.max(dropped)):.3g}. "
+                      "Pass a larger capacity (or truncation.max_terms).", RuntimeWarning, stacklevel=3)
+
+
+def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: Truncation | None = None,
+              capacity: int | None = None, max_capacity: int = 1 << 26, initial_capacity: int | None = None):
+    """Heisenberg-propagate `observable` backward through `circuit`: returns (PauliSum, PropagationStats).
+
+    capacity: slots in the term buffer (static). None: chosen automatically and, outside a jax
+    trace, grown when a step would overflow it (up to max_capacity), resuming at that step. With a
+    given capacity (and inside a trace) an overflow keeps the largest terms and is reported in the
+    stats and by a warning. initial_capacity: where the automatic growth starts.
+    params: (P,) or a batch (B, P); a batch gives a PauliSum whose arrays have a leading batch axis.
+    """
+    truncation = truncation or NO_TRUNCATION
+    check_inputs(circuit, observable, params)
+    if is_traced(params, observable):
+        return _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity)
+    buf, stats, _ = _drive(circuit, observable, params, truncation, capacity, max_capacity, initial_capacity,
+                           np.ones((32 * observable.num_lanes, 4)))
+    out = PauliSum(*as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits)
+    return out, stats
+
+
+@jax.jit
+def as_sum(words, coeffs, meta):
+    """(x, z, coeffs with dead slots 0) of a buffer: one dispatch, not one per array."""
+    b = engine.Buffer(words, coeffs, meta, None)
+    return b.x, b.z, jnp.where(b.live, coeffs, 0)
+
+
+def _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity):
+    """Under a trace: a fixed capacity, and a loop of static trip counts that JAX differentiates."""
+    if params is not None and _ndim(params) == 2:
+        return jax.vmap(lambda q: _propagate_traced(circuit, observable, q, truncation, capacity, initial_capacity))(params)
+    backend = jax.default_backend()
+    low = lowered(circuit, truncation, backend)
+    dtype = jnp.result_type(float)
+    cap = capacity or initial_capacity or default_capacity(observable, truncation)
+    p = params_array(params, circuit.num_params, dtype)
+    buf = _initial_buffer(observable, cap, dtype)
+    longest = int(max(low.units.count.max(initial=1), 1))
+    cfg = config(low, truncation, cap, False, backend)._replace(static_loops=longest)
+    buf, prog = _propagate_static(low.tables, buf, p, truncation.limits(dtype), cfg=cfg)
+    terms = prog.unit_terms[low.units.unit_of_op]
+    stats = PropagationStats(terms, buf.dropped, buf.dropped[4] > 0, cap,
+                             jnp.maximum(prog.peak, jnp.max(terms, initial=0)))
+    jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
+    return PauliSum(buf.x, buf.z, jnp.where(buf.live, buf.coeffs, 0), observable.num_qubits), stats
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def _propagate_static(T, buf, params, limits, *, cfg):
+    # jitted also under a caller's trace, so circuits of one shape share one compilation
+    return engine.run(T, buf, 0, params, limits, cfg)
+
+
+# ---- expectation values, with reverse mode --------------------------------------------------------------
+
+def state_table(state, num_qubits: int, num_lanes: int):
+    parse_state(state, num_qubits)  # fail before propagating
+    return engine.overlap_table(state, num_qubits, num_lanes)
+
+
+def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
+                truncation: Truncation | None = None, method: str = "pauli", capacity: int | None = None,
+                return_stats: bool = False, initial_capacity: int | None = None):
+    """<psi| observable |psi> with psi = circuit |state>: a jax scalar, differentiable in params.
+
+    method: "pauli" (backward Pauli propagation, with truncation) or "statevector" (exact, small n).
+    state: "0", "+", a bitstring such as "0110" (character q is qubit q), a string over
+    0 1 + - r l per qubit, or an (n, 3) array of Bloch vectors (a product state).
+    params: (P,), or a batch (B, P) of parameter sets that propagate together (values of shape (B,)).
+    Differentiable (reverse mode) in params and in the observable's coefficients: the derivative of
+    the estimator with its truncation decisions frozen, by the engine's reverse mode (adjoint.py);
+    under jax.vmap the batch shares the engine's branches (runtime/batching.py). Under a trace pass `capacity`.
+    """
+    check_inputs(circuit, observable, params)
+    table = state_table(state, circuit.num_qubits, observable.num_lanes)
+    if method == "statevector":
+        if truncation is not None and not truncation.is_exact:
+            raise ValueError("method='statevector' is exact: it takes no truncation")
+        if params is not None and _ndim(params) == 2:
+            val = jax.vmap(lambda p: statevector.expectation(circuit, observable, p, state=state))(jnp.asarray(params))
+        else:
+            val = statevector.expectation(circuit, observable, params, state=state)
+        return (val, None) if return_stats else val
+    if method != "pauli":
+        raise ValueError(f"unknown method {method!r}: use 'pauli' or 'statevector'")
+    truncation = truncation or NO_TRUNCATION
+    if is_traced(params, observable):
+        if params is not None and _ndim(params) == 2:
+            run = lambda p: expectation(circuit, observable, p, state, truncation, method, capacity, True,
+                                        initial_capacity)
+            val, stats = jax.vmap(run)(params)
+        else:
+            val, stats = _traced_estimate(circuit, observable, params, truncation, capacity, initial_capacity, table)
+        return (val, stats) if return_stats else val
+    _, stats, val = _drive(circuit, observable, params, truncation, capacity, 1 << 26, initial_capacity, table)
+    val = jnp.asarray(val)
+    return (val, stats) if return_stats else val
+
+
+def _traced_estimate(circuit, observable, params, truncation, capacity, initial_capacity, table):
+    backend = jax.default_backend()
+    low = lowered(circuit, truncation, backend)
+    dtype = jnp.result_type(float)
+    cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
+    if cap < 1 or cap < len(observable):
+        raise ValueError(f"capacity {cap} is smaller than the observable's {len(observable)} terms")
+    p = params_array(params, circuit.num_params, dtype)
+    buf = _initial_buffer(observable, cap, dtype)
+    cfg = config(low, truncation, cap, False, backend)
+    seg = adjoint.segment_length(int(low.tables["u_kind"].shape[0]))
+    words = (buf.words, buf.meta)
+    val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
+                                                     table, cfg=cfg, seg=seg)
+    terms = unit_terms[low.units.unit_of_op]
+    stats = PropagationStats(terms, dropped, dropped[4] > 0, cap, jnp.maximum(peak, jnp.max(terms, initial=0)))
+    jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
+    return val, stats
+
+
+@partial(jax.jit, static_argnames=("cfg", "seg"))
+def _estimate_jit(T, words, coeffs, params, limits, table, *, cfg, seg):
+    # jitted also under a caller's trace: the tables stay arguments, not constants of the caller's
+    # program, so circuits of one shape share one compilation
+    return _estimate((cfg, seg), T, words, coeffs, params, limits, table)
+
+
+def _buffer(words, coeffs):
+    return engine.Buffer(words[0], coeffs, words[1], jnp.zeros(5, coeffs.dtype))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _estimate(static, T, words, coeffs, params, limits, table):
+    """<state| propagated observable |state> and (dropped, unit terms, peak). Its reverse mode is the
+    engine's adjoint (_estimate_fwd); batches of it share their branches (runtime/batching.py)."""
+    return batched(partial(_value, static))(T, words, coeffs, params, limits, table)
+
+
+def _value(static, T, words, coeffs, params, limits, table):
+    cfg, _ = static
+    buf, progress = engine.run(T, _buffer(words, coeffs), 0, params, limits, cfg)
+    return engine.value(buf, table), (buf.dropped, progress.unit_terms, progress.peak)
+
+
+def _estimate_fwd(static, T, words, coeffs, params, limits, table):
+    return batched(partial(_value_and_grad, static))(T, words, coeffs, params, limits, table)
+
+
+def _value_and_grad(static, T, words, coeffs, params, limits, table):
+    cfg, seg = static
+    val, end, progress, d_params, d_coeffs = adjoint.value_and_grad(T, _buffer(words, coeffs), params, limits, table,
+                                                                    cfg, seg)
+    return (val, (end.dropped, progress.unit_terms, progress.peak)), (d_params, d_coeffs)
+
+
+def _estimate_bwd(static, res, cotangents):
+    d_params, d_coeffs = res
+    ct = cotangents[0]
+    return None, None, ct * d_coeffs, ct * d_params, None, None
+
+
+_estimate.defvjp(_estimate_fwd, _estimate_bwd)

@@ -1,0 +1,116 @@
+"""State vectors sharded over devices: the leading (global) qubits index the device, the rest live in
+each device's block, and gates run on local qubits only (HyQuas section 5).
+
+With D = 2^G devices, the mesh has G axes of size 2, one per global qubit. A gate (or fused block)
+that touches a global qubit first swaps it with a local qubit it does not touch: one all-to-all on
+that qubit's mesh axis, which exchanges half of every block. Which wire sits where, global slots
+and local axes alike (blocks run through passes.apply_block), is tracked while the circuit is
+traced, so nothing is transposed back between gates; at the end the layout is restored (swaps, then
+a local transpose) and the amplitudes come out little-endian, sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
+devices, and on several GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+
+from ..circuits.circuit import Circuit
+from . import simulator
+from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, resolve_plan
+from .passes import apply_block
+
+
+def qubit_mesh(devices=None) -> Mesh:
+    """A mesh of G axes of size 2 ("g0" the most significant qubit) over 2^G devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    g = int(math.log2(len(devices))) if devices else -1
+    if g < 0 or 2**g != len(devices):
+        raise ValueError(f"sharding needs a power of two of devices, got {len(devices)}")
+    return Mesh(np.array(devices).reshape((2,) * g), tuple(f"g{i}" for i in range(g)))
+
+
+def simulate_sharded(circuit: Circuit, params=None, state="0", dtype=jnp.complex128, fuse=None,
+                     mesh: Mesh | None = None):
+    """circuit|state> as 2^n amplitudes (little-endian) sharded over `mesh` (default: all devices)
+    by their leading G bits. fuse: as in statevector.simulate (None: one step per gate; k; "auto";
+    a fusion.Plan). Equal to the single-device simulate; compiled as one program (jit) per call:
+    `sharded_program` gives the compiled function of params, to call repeatedly."""
+    program = sharded_program(circuit, state, dtype, fuse, mesh)
+    simulator.require_params(circuit, params)
+    return program(jnp.zeros(0) if params is None else jnp.asarray(params))
+
+
+def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None, mesh: Mesh | None = None):
+    """simulate_sharded as a jitted function of params, checked and planned once."""
+    mesh = mesh or qubit_mesh()
+    G, n = len(mesh.axis_names), circuit.num_qubits
+    L = n - G
+    if L < 0:
+        raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
+    simulator.check_size(n, dtype, devices=2**G)
+    if fuse is None:  # every gate a block of its own, swaps included
+        steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
+                     tuple(range(n)))
+    else:
+        steps = resolve_plan(circuit, fuse, dtype, max_width=L)  # "auto": blocks must fit the local qubits
+    widest = max((len(b.qubits) for b in steps.blocks if not b.diagonal), default=0)
+    if widest > L:
+        raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
+                         f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
+    kets = simulator.product_kets(state, n)
+
+    def local(params):
+        # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
+        glob, loc = [n - 1 - i for i in range(G)], [n - 1 - G - j for j in range(L)]
+        psi = simulator.product_state(kets, loc, dtype)
+        for i, w in enumerate(glob):
+            psi = psi * jnp.asarray(kets[w], dtype)[lax.axis_index(f"g{i}")]
+
+        def swap(psi, i, j):  # global slot i <-> local axis j: one all-to-all exchanging half of each block
+            psi = lax.all_to_all(psi, f"g{i}", j, j, tiled=True)
+            glob[i], loc[j] = loc[j], glob[i]
+            return psi
+
+        def make_local(psi, wires, keep):
+            for w in wires:
+                if w in glob:
+                    free = next(j for j in range(L) if loc[j] not in keep)
+                    psi = swap(psi, glob.index(w), free)
+            return psi
+
+        for block in steps.blocks:
+            if block.diagonal:  # no communication: a global wire's bit is the device's coordinate
+                tables = []
+                for qubits, table in diagonal_tables(steps.circuit, block, params, dtype):
+                    qubits = list(qubits)
+                    for w in [w for w in qubits if w in glob]:
+                        a = qubits.index(w)
+                        table = lax.dynamic_index_in_dim(table, lax.axis_index(f"g{glob.index(w)}"), a, keepdims=False)
+                        qubits.pop(a)
+                    tables.append((tuple(qubits), table))
+                psi = apply_diagonal(psi, tables, loc)
+            else:
+                psi = make_local(psi, block.qubits, set(block.qubits))
+                matrix = block_matrix(steps.circuit, block, params, dtype)
+                psi, moved = apply_block(psi, matrix, [loc.index(w) for w in block.qubits], steps.elementwise_width)
+                loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in simulator.run_plan)
+        # restore: slot i holds the wire of bit n-1-i, local axis j the wire of bit n-1-G-j
+        want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]
+        for i in range(G):
+            if glob[i] != want_glob[i]:
+                psi = make_local(psi, [want_glob[i]], set(want_glob[:i]))  # bring it local (wherever it is)...
+                psi = swap(psi, i, loc.index(want_glob[i]))  # ...then into its slot
+        psi = jnp.transpose(psi, [loc.index(steps.wire_of[n - 1 - G - j]) for j in range(L)])
+        return psi.reshape(-1)
+
+    if G == 0:
+        return jax.jit(local)
+    # jitted: shard_map outside jit would dispatch op by op
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(mesh.axis_names),
+                                 check_vma=False))

@@ -1,0 +1,115 @@
+"""Lowering (pauliprop/propagation/program.py): one row per operation, the documented kinds, tables and factors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pauliprop as pp
+from pauliprop.circuits import gates as G
+from pauliprop.propagation import program as P
+from pauliprop.algebra import words as W
+
+from .. import _reference as R
+from .._strategies import build, gate
+
+KIND_OF = {"clifford": P.CLIFFORD, "rotation": P.ROTATION, "quarter": P.QUARTER, "channel": P.CHANNEL,
+           "damp": P.DAMP}
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 70).flatmap(lambda n: st.tuples(st.just(n), st.lists(gate(n, noise=True), max_size=25))))
+def test_one_row_per_operation_in_circuit_order(n_ops):
+    """Rows follow the circuit; only identities (id, identity generators, fixed multiples of 2 pi) vanish."""
+    n, ops = n_ops
+    c = build(n, ops)
+    prog = P.lower(c)
+    kept = [ins for ins in c.instructions if R.classify(ins) != "skip"]
+    assert prog.length == len(kept) and prog.num_qubits == n and prog.num_params == c.num_params
+    w = W.num_lanes(n)
+    assert prog.qubits.shape == (len(kept), 2) and prog.table.shape == (len(kept), 16)
+    assert prog.gx.shape == prog.gz.shape == (len(kept), w)
+    for row, ins in enumerate(kept):
+        kind = R.classify(ins)
+        assert prog.kind[row] == KIND_OF[kind]
+        assert tuple(prog.qubits[row]) == (ins.qubits[0], ins.qubits[-1])
+        if kind in ("rotation", "quarter"):
+            gen = ins.pauli if ins.name == "pauli_rotation" else ins.gate.generator
+            gx, gz = W.pack([{q: ch for q, ch in zip(ins.qubits, gen) if ch != "I"}], n)
+            np.testing.assert_array_equal(prog.gx[row], gx[0])
+            np.testing.assert_array_equal(prog.gz[row], gz[0])
+            a = ins.gate.fixed_angle if ins.gate.fixed_angle is not None else ins.args[0]
+            if isinstance(a, pp.Param):
+                assert (prog.param_index[row], prog.scale[row], prog.offset[row]) == (a.index, a.scale, a.offset)
+            else:
+                assert prog.param_index[row] == -1
+                if kind == "quarter":  # snapped to the exact multiple of pi/2
+                    assert prog.offset[row] == G.quarter_turns(a) * math.pi / 2
+                else:
+                    assert prog.offset[row] == a
+        else:
+            assert prog.param_index[row] == -1
+            assert not prog.gx[row].any() and not prog.gz[row].any()
+        if kind == "clifford":
+            table, sign = P.clifford_table(ins.gate)
+            np.testing.assert_array_equal(prog.table[row], table)
+            np.testing.assert_array_equal(prog.sign[row], sign)
+        if kind == "damp":
+            assert prog.offset[row] == ins.args[0]
+
+
+def test_identities_are_dropped():
+    c = (pp.Circuit(3).append("id", [0]).rx(0, 0.0).rz(1, 2 * math.pi).ry(2, -4 * math.pi)
+         .pauli_rotation("II", [0, 2], 0.7).rxx(0, 1, 8 * math.pi))
+    assert P.lower(c).length == 0
+    c.rx(0, pp.Param(0))  # a Param is never dropped, whatever its value will be
+    prog = P.lower(c)
+    assert prog.length == 1 and prog.kind[0] == P.ROTATION
+
+
+def test_quarter_turns_and_fixed_rotations():
+    c = pp.Circuit(2).rx(0, math.pi / 2).rzz(0, 1, -math.pi / 2).ry(1, math.pi).t(0).tdg(1).rx(0, 0.3)
+    c.rx(1, math.pi / 2 + 1e-9)
+    prog = P.lower(c)
+    assert list(prog.kind) == [P.QUARTER, P.QUARTER, P.QUARTER, P.ROTATION, P.ROTATION, P.ROTATION, P.ROTATION]
+    np.testing.assert_allclose(prog.offset, [math.pi / 2, -math.pi / 2, math.pi, math.pi / 4, -math.pi / 4, 0.3,
+                                             math.pi / 2 + 1e-9])
+
+
+@pytest.mark.parametrize("name, args", [("depolarize", (0.3,)), ("dephase", (0.3,)), ("pauli_channel", (0.1, 0.2, 0.3)),
+                                        ("pauli_channel", (0.0, 0.0, 0.0)), ("depolarize", (1.0,)),
+                                        ("dephase", (1.0,))])
+def test_channel_factors_are_the_kraus_heisenberg_action(name, args):
+    """CHANNEL rows scale I, X, Z, Y (the symplectic code order) by sum_k K^dag P K = f_P P."""
+    c = pp.Circuit(1).append(name, [0], *args)
+    prog = P.lower(c)
+    assert list(prog.kind) == [P.CHANNEL]
+    kraus = G.GATES[name].kraus(*args)
+    for code, lab in enumerate("IXZY"):
+        p = R.PAULI[lab]
+        np.testing.assert_allclose(sum(k.conj().T @ p @ k for k in kraus), prog.sign[0, code] * p, atol=1e-12)
+    np.testing.assert_allclose(P.channel_factors(c.instructions[0]), prog.sign[0, :4])
+
+
+def test_documented_channel_strengths():
+    f = lambda name, *a: P.channel_factors(pp.Circuit(1).append(name, [0], *a).instructions[0])
+    np.testing.assert_allclose(f("depolarize", 0.3), [1, 0.7, 0.7, 0.7])  # X, Y, Z damped by 1 - p
+    np.testing.assert_allclose(f("dephase", 0.3), [1, 0.7, 1, 0.7])  # X, Y damped by 1 - p
+    np.testing.assert_allclose(f("pauli_channel", 0.1, 0.2, 0.3), [1, 1 - 2 * 0.5, 1 - 2 * 0.3, 1 - 2 * 0.4])
+
+
+@pytest.mark.parametrize("name", sorted(n for n, g in G.GATES.items() if g.kind == "clifford" and g.num_qubits == 2))
+def test_two_qubit_tables_are_the_clifford_action(name):
+    table, sign = P.clifford_table(G.GATES[name])
+    image, s = G.clifford_action(G.GATES[name].matrix())
+    np.testing.assert_array_equal(table, image)
+    np.testing.assert_array_equal(sign, s)
+
+
+def test_empty_circuit():
+    prog = P.lower(pp.Circuit(40))
+    assert prog.length == 0 and prog.gx.shape == (0, 2) and prog.table.shape == (0, 16)

@@ -1,0 +1,626 @@
+"""Backward Pauli propagation (pauliprop/propagation/propagate.py): exactness, embedding, gradients, transforms, errors.
+
+The untruncated estimator is exact: for random circuits over the whole gate table it must agree with
+the state vector (and, with noise, with a density-matrix reference) to 1e-10, the propagated sum must
+be the Heisenberg operator U^dag H U, the answer must not depend on where the qubits sit in the packed
+lanes, and its gradient must be the exact gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import pauliprop as pp
+from pauliprop.propagation import program as P
+from pauliprop.propagation import schedule as S
+
+from .. import _reference as R
+from .._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
+                          UNITARY_OPS, UNITARY_TERMS, anchored_ops, bloch_vectors, build, observable_terms,
+                          params_vector, paulisum, states)
+
+LANE_SITES = [0, 31, 32, 63, 64, 95, 96, 126]  # both sides of every 32-bit lane boundary of a 127-qubit word
+
+
+@st.composite
+def unitary_case(draw, max_n=8):
+    n = draw(st.integers(1, max_n))
+    ops = draw(anchored_ops(n, UNITARY_OPS, UNITARY_KINDS))
+    terms = draw(observable_terms(n, UNITARY_TERMS))
+    return n, ops, terms, draw(params_vector()), draw(states(n))
+
+
+def _exact(n, ops, terms, params, state):
+    return pp.expectation(build(n, ops), paulisum(terms, n), params, state=state, method="statevector")
+
+
+def _pauli(c, h, params, state="0", **kw):
+    val, stats = pp.expectation(c, h, params, state=state, capacity=kw.pop("capacity", CAPACITY), return_stats=True,
+                                **kw)
+    assume(not bool(stats.overflow))  # a fixed capacity keeps one compile; overflow is tested on its own
+    return float(val), stats
+
+
+def fixed_unitary_circuit(n: int) -> pp.Circuit:
+    """A deterministic circuit with the shared unitary shape (same compile as the random ones)."""
+    c = pp.Circuit(n)
+    for k in range(UNITARY_OPS):
+        q, r = k % n, (k + 1) % n
+        if k % 4 == 0:
+            c.ry(q, pp.Param(k % NUM_PARAMS))
+        elif k % 4 == 1:
+            c.cx(q, r) if n > 1 else c.h(q)
+        elif k % 4 == 2:
+            c.rzz(q, r, 0.3 + 0.1 * k) if n > 1 else c.rz(q, 0.3 + 0.1 * k)
+        else:
+            c.t(q)
+    c.h(0).rz(0, pp.Param(0)).rx(n - 1, math.pi / 2)
+    assert P.lower(c).length == UNITARY_OPS + 3
+    return c
+
+
+def fixed_terms(n):
+    labels = ["Z" * n, "X" + "I" * (n - 1), "I" * (n - 1) + "Y", "Z" + "X" * (n - 1)]
+    return list(zip(labels, [0.7, -0.4, 0.25, 1.1]))
+
+
+def fixed_observable(n):
+    return paulisum(fixed_terms(n), n)
+
+
+PARAMS = np.array([0.3, -1.2, 0.8, 2.0, -0.4, 1.5])
+
+
+# ---- exactness -----------------------------------------------------------------------------------
+
+@settings(max_examples=10)  # each example compiles new eager state-vector kernels (the embedding test below checks 30 more against numpy)
+@given(unitary_case())
+def test_untruncated_expectation_equals_statevector(case):
+    n, ops, terms, params, state = case
+    val, stats = _pauli(build(n, ops), paulisum(terms, n), params, state)
+    assert abs(val - float(_exact(*case))) < 1e-10
+    assert not np.any(np.asarray(stats.dropped_norm))
+
+
+@settings(max_examples=10)
+@given(unitary_case())
+def test_per_layer_truncation_without_cuts_equals_statevector(case):
+    """Rules applied per layer (after each step) that cut nothing: the exact value."""
+    n, ops, terms, params, state = case
+    trunc = pp.Truncation(min_abs_coeff=1e-300, max_weight=n, per="layer")
+    val, stats = _pauli(build(n, ops), paulisum(terms, n), params, state, truncation=trunc)
+    assert abs(val - float(_exact(*case))) < 1e-10
+
+
+def test_per_layer_rules_wait_for_the_end_of_the_layer():
+    """Two commuting rotations on disjoint qubits (one layer), max_weight 3, observable X0 Z1 X2.
+    Backward, ZX on (2, 3) first makes X0 Z1 Y2 X3 (weight 4), which ZZ on (0, 1) brings back to
+    Y0 Y2 X3 (weight 3). Per gate the weight-4 word is cut in the middle of the layer and the
+    value on |r0r+> is 0; per layer only the end counts, and the value is exact (sin a sin b)."""
+    a, b = 0.7, 0.4
+    c = pp.Circuit(4).pauli_rotation("ZZ", [0, 1], b).pauli_rotation("ZX", [2, 3], a)
+    h = pp.PauliSum.from_labels({"XZXI": 1.0})
+    exact = float(pp.expectation(c, h, state="r0r+", method="statevector"))
+    assert abs(abs(exact) - math.sin(a) * math.sin(b)) < 1e-12
+    per_gate = pp.expectation(c, h, state="r0r+", truncation=pp.Truncation(max_weight=3))
+    per_layer = pp.expectation(c, h, state="r0r+", truncation=pp.Truncation(max_weight=3, per="layer"))
+    assert abs(float(per_gate)) < 1e-12 and abs(float(per_layer) - exact) < 1e-12
+
+
+def _small_value(n, ops, terms, params, state):
+    """<psi|H|psi> of the small circuit from the numpy state vector (tests/pauliprop/_reference.py)."""
+    psi = R.dense_unitary(build(n, ops), params) @ R.initial_ket(state, n)
+    return float(np.real(psi.conj() @ R.operator(_merge(terms), n) @ psi))
+
+
+@settings(max_examples=30)
+@given(unitary_case(), st.permutations(LANE_SITES))
+def test_embedding_across_lane_boundaries_gives_the_same_value(case, sites):
+    """The small circuit, and the same circuit placed on a 127-qubit register at sites on both sides of
+    lane boundaries, both equal the small circuit's (numpy) state-vector value."""
+    n, ops, terms, params, state = case
+    exact = _small_value(*case)
+    val, _ = _pauli(build(n, ops), paulisum(terms, n), params, state)
+    assert abs(val - exact) < 1e-10
+    big = 127
+    site = sites[:n]
+    h = pp.PauliSum.from_list([(lab, [site[q] for q in range(n)], c) for lab, c in terms], big)
+    big_state = state
+    if len(state) > 1:  # place the per-qubit state characters at the sites; idle qubits in |0>
+        chars = ["0"] * big
+        for q, ch in enumerate(state):
+            chars[site[q]] = ch
+        big_state = "".join(chars)
+    val, _ = _pauli(build(big, ops, site=site), h, params, big_state)
+    assert abs(val - exact) < 1e-10
+
+
+@given(unitary_case(max_n=4))
+def test_propagated_sum_is_the_heisenberg_operator(case):
+    n, ops, terms, params, _ = case
+    c = build(n, ops)
+    out, stats = pp.propagate(c, paulisum(terms, n), params, capacity=CAPACITY)
+    assert not bool(stats.overflow)
+    u = R.dense_unitary(c, params)
+    expected = u.conj().T @ R.operator(_merge(terms), n) @ u
+    np.testing.assert_allclose(out.to_matrix(), expected, atol=1e-10)
+
+
+def _merge(terms):
+    d = {}
+    for lab, c in terms:
+        d[lab] = d.get(lab, 0.0) + c
+    return d
+
+
+@given(unitary_case(max_n=3), st.data())
+def test_bloch_vector_states_match_the_density_matrix(case, data):
+    n, ops, terms, params, _ = case
+    bloch = data.draw(bloch_vectors(n, mixed=True))
+    val, _ = _pauli(build(n, ops), paulisum(terms, n), params, bloch)
+    assert abs(val - R.dense_expectation(build(n, ops), _merge(terms), params, bloch)) < 1e-10
+
+
+def test_rotations_gather_their_splitting_words_in_the_smallest_room_and_stay_exact():
+    """A rotation gathers its splitting words in the smallest room that holds them (on CPUs C/64, C/8,
+    C/2 and C, rooms under 256 slots left out, up to 4,096 slots only C; on GPUs C/16 and C, up to
+    2^17 slots only C); with about 100 and 3,000-7,000
+    splitting words the rotations below use several rooms, and the untruncated value still equals the
+    state vector. (Small capacities, as in the other tests, have one room, C.)"""
+    from pauliprop.propagation.engine import rooms_for
+
+    assert rooms_for(1 << 15, "cpu") == (512, 4096, 16384, 32768)
+    assert rooms_for(1 << 15, "gpu") == (32768,) and rooms_for(1 << 18, "gpu") == (16384, 1 << 18)
+    assert rooms_for(1 << 12, "cpu") == rooms_for(1 << 12, "gpu") == (4096,)  # small buffers: one room
+    assert rooms_for(64, "cpu") == rooms_for(64, "gpu") == (64,)
+    rng = np.random.default_rng(3)
+    n = 10
+    labels = {"".join(rng.choice(list("IXYZ"), n - 1)) + "I" for _ in range(6000)}
+    labels |= {"".join(rng.choice(list("IXYZ"), n - 1)) + "Z" for _ in range(100)}
+    h = pp.PauliSum.from_labels({lab: float(rng.normal()) for lab in sorted(labels)})
+    # backward order: rx(9) splits ~100 words (room 512), rzz(1, 5) ~3,000, ry(3) ~4,500, rx(0) ~6,700
+    c = pp.Circuit(n).rx(0, 0.3).ry(3, 0.5).rzz(1, 5, 0.2).h(2).rx(9, 0.4)
+    params = jnp.zeros(0)
+    val, stats = pp.expectation(c, h, params, capacity=1 << 15, return_stats=True)
+    assert not bool(stats.overflow) and int(stats.max_terms_seen) > 16384
+    exact = pp.expectation(c, h, params, method="statevector")
+    assert abs(float(val) - float(exact)) < 1e-9 * max(1.0, abs(float(exact)))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="GPU programs hold the room of the whole buffer")
+def test_a_rotation_that_splits_more_than_half_the_buffer_resumes_in_the_program_with_that_room(monkeypatch):
+    """CPU programs that stop and cut in two rooms leave out the room of the whole buffer
+    (engine.whole_room_for): a rotation that splits more than half the buffer writes nothing, and
+    the loop resumes it in the program that holds that room (here it then overflows and the buffer
+    grows). The value equals the state vector."""
+    from pauliprop.propagation import propagate as PR
+    configs = []
+    forward_jit = PR._forward_jit
+    monkeypatch.setattr(PR, "_forward_jit", lambda cfg, *a: configs.append(cfg) or forward_jit(cfg, *a))
+    rng = np.random.default_rng(5)
+    n = 8
+    # X or Y on qubit 0: every word splits under the last RZ(0), about 5,500 words in 8,192 slots
+    labels = {str(rng.choice(["X", "Y"])) + "".join(rng.choice(list("IXYZ"), n - 1)) for _ in range(6000)}
+    h = pp.PauliSum.from_labels({lab: float(rng.normal()) for lab in sorted(labels)})
+    c = pp.Circuit(n).ry(3, 0.4).cx(0, 1).rx(2, 0.3).rz(0, 0.7)
+    val, stats = pp.expectation(c, h, truncation=pp.Truncation(max_terms=10**6), initial_capacity=8192,
+                                return_stats=True)
+    assert len(labels) > 4096 and not configs[0].whole_room and configs[-1].whole_room
+    assert stats.capacity > 8192 and not bool(stats.overflow)
+    exact = float(pp.expectation(c, h, method="statevector"))
+    assert abs(float(val) - exact) < 1e-9 * max(1.0, abs(exact))
+
+
+def test_stats_report_terms_per_operation():
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    out, stats = pp.propagate(c, h, PARAMS, capacity=CAPACITY)
+    terms = np.asarray(stats.terms)
+    assert terms.shape == (P.lower(c).length,)
+    assert int(stats.max_terms_seen) == max(int(terms.max()), len(h))
+    assert not bool(stats.overflow) and float(stats.total_dropped_norm) == 0.0
+    assert stats.capacity == CAPACITY
+    assert "overflow False" in stats.summary()
+    # terms after each operation (circuit order) = the support of the exact Heisenberg operator there;
+    # in particular only anticommuting words split
+    ref, _, _, counts = R.reference_propagate(c, dict(_merge(fixed_terms(n))), PARAMS, return_counts=True)
+    np.testing.assert_array_equal(terms, counts[::-1])
+    assert np.count_nonzero(np.asarray(out.coeffs)) == terms[0] == len(ref)
+
+
+def test_empty_circuit_is_the_overlap():
+    n = 3
+    h = pp.PauliSum.from_labels({"ZIZ": 0.5, "XII": 2.0, "IIZ": -1.0})
+    for state, want in [("0", -0.5), ("+", 2.0), ("101", 0.5 - 1.0 * -1)]:
+        assert abs(float(pp.expectation(pp.Circuit(n), h, state=state)) - want) < 1e-12
+
+
+# ---- noise ----------------------------------------------------------------------------------------
+
+@given(st.data())
+def test_noisy_circuits_match_the_density_matrix(data):
+    n = data.draw(st.integers(1, 3))
+    ops = data.draw(anchored_ops(n, SMALL_OPS, ALL_KINDS, noise=True))
+    terms = data.draw(observable_terms(n, SMALL_TERMS, distinct=True))
+    params = data.draw(params_vector())
+    state = data.draw(st.one_of(states(n), bloch_vectors(n, mixed=True)))
+    c = build(n, ops)
+    val, stats = _pauli(c, paulisum(terms.items(), n), params, state, capacity=SMALL_CAPACITY)
+    assert abs(val - R.dense_expectation(c, terms, params, state)) < 1e-10
+
+
+# ---- gradients and transforms ---------------------------------------------------------------------
+
+# random circuits' gradients against the state vector's: test_adjoint.py (the reverse mode's own file)
+
+def test_gradient_at_zero_angles_equals_statevector_gradient():
+    n = 3
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    p = jnp.zeros(NUM_PARAMS)  # a common initialisation of variational loops
+    g = jax.grad(lambda q: pp.expectation(c, h, q, capacity=CAPACITY))(p)
+    g_ref = jax.grad(lambda q: pp.expectation(c, h, q, method="statevector"))(p)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
+
+
+def test_jit_and_vmap_over_params_equal_the_eager_loop():
+    """jax.jit(jax.vmap(expectation)) over 4 parameter sets equals the eager values, one by one."""
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    batch = np.stack([PARAMS, -PARAMS, PARAMS * 0.5 + 0.1, np.full(NUM_PARAMS, math.pi / 2)])
+    loop = [float(pp.expectation(c, h, p, state="+", capacity=CAPACITY)) for p in batch]
+    f = jax.jit(jax.vmap(lambda p: pp.expectation(c, h, p, state="+", capacity=CAPACITY)))
+    vals = np.asarray(f(jnp.asarray(batch)))
+    np.testing.assert_allclose(vals, loop, atol=1e-12)
+    exact = [float(pp.expectation(c, h, p, state="+", method="statevector")) for p in batch]
+    np.testing.assert_allclose(vals, exact, atol=1e-10)
+
+
+def test_a_circuit_traced_under_jit_is_reusable():
+    c = pp.Circuit(1).rx(0, pp.Param(0))
+    h = pp.PauliSum.from_labels({"Z": 1.0})
+    p = jnp.array([0.1])
+    assert abs(float(jax.jit(lambda q: pp.expectation(c, h, q, capacity=64))(p)) - math.cos(0.1)) < 1e-12
+    assert abs(float(pp.expectation(c, h, p, capacity=64)) - math.cos(0.1)) < 1e-12
+
+
+# ---- capacity ---------------------------------------------------------------------------------------
+
+def _growing_circuit():
+    """1,752 terms at the peak on 6 qubits: more than the default first capacity (1024), fewer than 2048.
+    Rotations only: a single operation kind keeps the compiles small."""
+    n = 6
+    c = pp.Circuit(n)
+    for q in range(n):
+        c.rx(q, 0.3 + 0.1 * q)
+    for q in range(n - 1):
+        c.rzz(q, q + 1, 0.5 + 0.05 * q)
+    for q in range(n):
+        c.ry(q, 0.7 - 0.1 * q)
+    return c, pp.PauliSum.from_labels({"ZZZZZI": 1.0})
+
+
+def test_capacity_overflow_is_reported_and_growth_is_exact():
+    c, h = _growing_circuit()
+    exact = float(pp.expectation(c, h, method="statevector"))
+    # an explicit capacity that is too small: flagged, with the lost norm, and a warning
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        val, stats = pp.expectation(c, h, capacity=1024, return_stats=True)
+    assert bool(stats.overflow) and float(stats.dropped_norm[4]) > 0
+    assert float(np.sum(np.asarray(stats.dropped_norm)[:4])) == 0.0
+    assert abs(float(val) - exact) <= float(stats.dropped_norm[4]) + 1e-10
+    # the same as the program that cuts from the first gate (under jit, where shapes cannot grow): the
+    # overflow's cut goes gate by gate (on GPUs the call runs again without its layers of rotations)
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        cut, cut_stats = jax.jit(lambda cf: pp.expectation(c, pp.PauliSum(h.x, h.z, cf, h.num_qubits), capacity=1024,
+                                                           return_stats=True))(h.coeffs)
+        jax.block_until_ready(cut)
+    assert abs(float(val) - float(cut)) < 1e-12
+    np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(cut_stats.dropped_norm), atol=1e-12)
+    # no room to grow: an error, not a lossy answer
+    with pytest.raises(MemoryError, match="max_capacity"):
+        pp.propagate(c, h, max_capacity=1024)
+    # capacity=None: grows and retries until nothing is lost
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        val, stats = pp.expectation(c, h, return_stats=True)
+    # it resumes at the overflowing operation in a buffer of at least twice the capacity and the need
+    assert not bool(stats.overflow) and stats.capacity in (2048, 4096) and 1024 < int(stats.max_terms_seen) <= 2048
+    assert abs(float(val) - exact) < 1e-10
+    # initial_capacity: growth starts there (and still grows when it is too small)
+    val, stats = pp.expectation(c, h, return_stats=True, initial_capacity=512)
+    assert stats.capacity in (2048, 4096) and abs(float(val) - exact) < 1e-10
+    val, stats = pp.expectation(c, h, return_stats=True, initial_capacity=4096)
+    assert stats.capacity == 4096 and abs(float(val) - exact) < 1e-10
+    assert isinstance(stats.capacity, int)
+    # a call at the capacity growth found runs the growing call's program: nothing new to compile
+    from pauliprop.propagation import propagate as PR
+    misses = PR._forward_jit.cache_info().misses
+    assert float(pp.expectation(c, h, capacity=4096)) == float(val)
+    assert PR._forward_jit.cache_info().misses == misses
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_input_raises_naming_the_cause():
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    with pytest.raises(ValueError, match="observable acts on 5 qubits but the circuit has 4"):
+        pp.expectation(c, pp.PauliSum.from_labels({"ZZZZZ": 1.0}), PARAMS)
+    with pytest.raises(ValueError, match="params has only 2 entries"):
+        pp.expectation(c, h, PARAMS[:2])
+    with pytest.raises(ValueError, match="params is None"):
+        pp.expectation(c, h)
+    bad = PARAMS.copy()
+    bad[1] = np.nan
+    with pytest.raises(ValueError, match=r"params\[1\] = nan is not finite"):
+        pp.expectation(c, h, bad)
+    with pytest.raises(ValueError, match="1-d"):
+        pp.expectation(c, h, PARAMS[None, None, :])
+    with pytest.raises(ValueError, match="unknown method"):
+        pp.expectation(c, h, PARAMS, method="mps")
+    with pytest.raises(ValueError, match="capacity"):
+        pp.propagate(c, h, PARAMS, capacity=2)
+    with pytest.raises(TypeError, match="Circuit"):
+        pp.expectation("h 0", h, PARAMS)
+    with pytest.raises(TypeError, match="PauliSum"):
+        pp.expectation(c, {"ZZZZ": 1.0}, PARAMS)
+    with pytest.raises(ValueError, match="takes no truncation"):
+        pp.expectation(c, h, PARAMS, method="statevector", truncation=pp.Truncation(max_weight=2))
+
+
+@pytest.mark.parametrize("state, cause", [("0x10", r"unsupported state character\(s\) \['x'\]"),
+                                          ("01", "2 characters but the circuit has 4 qubits"),
+                                          ("", "0 characters")])
+def test_unsupported_state_raises_naming_the_cause(state, cause):
+    n = 4
+    c, h = fixed_unitary_circuit(n), fixed_observable(n)
+    with pytest.raises(ValueError, match=cause):
+        pp.expectation(c, h, PARAMS, state=state, capacity=CAPACITY)
+    with pytest.raises(ValueError, match=cause):
+        pp.expectation(c, h, PARAMS, state=state, method="statevector")
+
+
+def test_without_x64_results_are_float32_and_agree_with_the_state_vector():
+    """jax_enable_x64 off (a fresh process): float32 coefficients, the two-key merge, same values to 1e-5."""
+    import subprocess
+    import sys
+
+    code = """
+import jax, numpy as np
+assert not jax.config.jax_enable_x64
+import pauliprop as pp
+c = pp.Circuit(5)
+for q in range(5):
+    c.h(q).rx(q, pp.Param(q))
+for q in range(4):
+    c.cx(q, q + 1).rzz(q, q + 1, pp.Param(5 + q)).t(q)
+h = pp.PauliSum.from_list([("ZZ", [0, 1], 1.0), ("X", [2], 0.5), ("YZ", [3, 4], -0.7)], 5)
+p = np.linspace(0.1, 0.9, 9)
+val, stats = pp.expectation(c, h, p, capacity=1024, return_stats=True)
+assert val.dtype == np.float32, val.dtype
+ref = pp.expectation(c, h, p, method="statevector", )
+g = jax.grad(lambda q: pp.expectation(c, h, q, capacity=1024))(jax.numpy.asarray(p, jax.numpy.float32))
+assert g.dtype == np.float32
+print(float(val), float(ref))
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    val, ref = map(float, out.stdout.split())
+    assert abs(val - ref) < 1e-5
+
+
+def test_with_x64_results_are_float64():
+    c = pp.Circuit(2).rx(0, pp.Param(0)).cx(0, 1)
+    h = pp.PauliSum.from_labels({"ZI": 1.0})  # CX leaves Z on the control alone: <Z0> = cos(a)
+    val = pp.expectation(c, h, np.array([0.3]), capacity=64)
+    assert val.dtype == np.float64 and abs(float(val) - math.cos(0.3)) < 1e-15
+
+
+def test_the_observables_merge_runs_before_the_loop_and_equals_the_loops_own():
+    """An observable with duplicate words, a word over max_weight and one under min_abs_coeff is
+    merged and truncated before the loop (whose program then holds no merge code, unless amplitude
+    damping merges later): the value, the terms and the dropped norms equal those of the merge in the
+    loop (pp.expectation under jax.jit runs it there), untruncated equal to the state vector; and
+    on the host's CPU backend (GPUs merge small observables there) the same buffer."""
+    from pauliprop.propagation import propagate as PR
+    n = 5
+    h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.5), ("X", [2], 0.25), ("ZZ", [0, 1], 0.25), ("XXXX", [0, 1, 2, 3], 0.3),
+                               ("Y", [4], 1e-6), ("X", [2], -0.125), ("ZX", [3, 4], 0.7)], n)
+    c = pp.Circuit(n).ry(0, pp.Param(0)).cx(0, 1).rx(2, pp.Param(1)).rzz(3, 4, pp.Param(2)).h(4)
+    p = jnp.asarray([0.3, -0.7, 1.1])
+    for trunc in (pp.Truncation(max_weight=3, min_abs_coeff=1e-4), pp.Truncation()):
+        val, stats = pp.expectation(c, h, p, truncation=trunc, capacity=256, return_stats=True)
+        in_loop, loop_stats = jax.jit(lambda q: pp.expectation(c, h, q, truncation=trunc, capacity=256,
+                                                                 return_stats=True))(p)
+        assert abs(float(val) - float(in_loop)) < 1e-12
+        np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(loop_stats.dropped_norm), atol=1e-12)
+        np.testing.assert_array_equal(np.asarray(stats.terms), np.asarray(loop_stats.terms))
+    exact = pp.expectation(c, h, p, method="statevector")
+    assert abs(float(val) - float(exact)) < 1e-10
+    assert float(np.asarray(loop_stats.dropped_norm).sum()) == 0
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    assert S.U_MERGE not in PR.config(low, pp.Truncation(), 256, True, "cpu", merged=True).units
+    damped = PR.lowered(pp.Circuit(n).amplitude_damp(0, 0.1).rx(0, 0.2), pp.Truncation(), jax.default_backend())
+    assert S.U_MERGE in PR.config(damped, pp.Truncation(), 256, True, "cpu", merged=True).units
+    # a GPU merges a small observable on the host's CPU backend: the same buffer
+    trunc = pp.Truncation(max_weight=3, min_abs_coeff=1e-4)
+    low = PR.lowered(c, trunc, "cpu")
+    args = (low, h, trunc, trunc.limits(np.float64), np.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jax, "devices", lambda backend=None: jax.local_devices(backend="cpu"))  # "gpu": this CPU
+        on_host = PR._merge_observable(*args, "gpu")
+    own = PR._merge_observable(*args, "cpu")
+    for a, b in zip(jax.tree_util.tree_leaves(on_host), jax.tree_util.tree_leaves(own)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_a_buffer_grows_the_same_on_the_device_and_on_the_host(batch):
+    """GPUs pad a device buffer on the device (propagate._pad_slots), CPUs and host arrays on the
+    host (propagate._grown): the same slots, zeros after the old ones, the dropped norms untouched."""
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.propagation import engine
+
+    rng = np.random.default_rng(0)
+    buf = engine.Buffer(rng.integers(0, 2**32, batch + (8, 4), dtype=np.uint32), rng.normal(size=batch + (8,)),
+                        rng.integers(0, 7, batch + (8,)).astype(np.int32), rng.normal(size=batch + (5,)))
+    host = PR._grown(buf, 32)
+    device = PR._pad_slots(jax.tree_util.tree_map(jnp.asarray, buf), 32)
+    for h, d in zip(host, device):
+        np.testing.assert_array_equal(np.asarray(h), np.asarray(d))
+    assert host.coeffs.shape == batch + (32,) and not np.any(np.asarray(host.meta)[..., 8:])
+    assert PR._grown(buf, 8) is buf
+
+
+def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
+    """A loop that passes one observable many times merges it once (the buffer is remembered on the
+    observable, keyed by its arrays' identity); the loop donates its own buffer, never the remembered
+    one, even when the two have the same size (600 words of 5 qubits: 1,024 slots both)."""
+    from pauliprop.propagation import propagate as PR
+    rng = np.random.default_rng(5)
+    codes = rng.choice(4**5, 600, replace=False)
+    words = [{q: "IXYZ"[(int(c) >> (2 * q)) & 3] for q in range(5) if (int(c) >> (2 * q)) & 3} for c in codes]
+    h = pp.PauliSum.from_words(words, rng.normal(size=600), 5)
+    c = pp.Circuit(5).ry(0, pp.Param(0)).cx(0, 1).rx(2, 0.4).cz(3, 4).rzz(1, 3, pp.Param(0))
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    assert PR.default_capacity(h, pp.Truncation()) == PR.schedule.bucket(len(h), 64) == 1024
+    vals = [float(pp.expectation(c, h, np.array([a]))) for a in (0.3, 0.3, -1.2)]
+    remembered = h._merged[2]
+    assert float(pp.expectation(c, h, np.array([-1.2]))) == vals[2] and h._merged[2] is remembered
+    assert vals[0] == vals[1] and abs(vals[2] - float(pp.expectation(c, h, np.array([-1.2]), method="statevector"))) < 1e-10
+    renamed = pp.PauliSum(h.x, h.z, h.coeffs * 2, 5)  # new arrays: merged afresh
+    assert abs(float(pp.expectation(c, renamed, np.array([0.3]))) - 2 * vals[0]) < 1e-10
+    assert renamed._merged[2] is not remembered
+
+
+def test_compile_options_that_xla_does_not_know_are_dropped(monkeypatch):
+    """Option names come and go between jaxlib versions (jax 0.11 has no xla_cpu_use_fusion_emitters):
+    a program whose options XLA rejects compiles again without the unknown ones, same result."""
+    from pauliprop.propagation import propagate as PR
+    monkeypatch.setattr(PR, "FAST_COMPILE", {**PR.FAST_COMPILE, "xla_no_such_option_anywhere": True})
+    PR._forward_jit.cache_clear()
+    PR._merge_jit.cache_clear()
+    try:
+        c = pp.Circuit(3).h(0).cx(0, 1).rx(2, pp.Param(0)).cz(1, 2)
+        h = pp.PauliSum.from_labels({"ZZI": 1.0, "IXZ": 0.5})
+        val = float(pp.expectation(c, h, np.array([0.7])))
+    finally:
+        PR._forward_jit.cache_clear()
+        PR._merge_jit.cache_clear()
+    assert abs(val - float(pp.expectation(c, h, np.array([0.7]), method="statevector"))) < 1e-12
+    if jax.default_backend() == "cpu":
+        assert not PR._xla_knows("xla_no_such_option_anywhere", True)
+        assert PR._xla_knows("xla_backend_optimization_level", 0)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="GPUs run a batch as one vmapped program")
+def test_a_cpu_batch_of_large_members_runs_them_side_by_side_each_its_own(monkeypatch):
+    """On CPUs a batch whose buffers start large runs its members on threads, each driven alone (its
+    own capacity growth): every member's value, propagated sum and dropped norms are those of its
+    own call, and the stats have the vmapped batch's shapes."""
+    from pauliprop.propagation import propagate as PR
+    c = pp.Circuit(40)
+    for step in range(3):
+        for q in range(6):
+            c.rx(q, pp.Param(q % 2))
+        for q in range(5):
+            c.rzz(q, q + 1, -math.pi / 2)
+    obs = pp.PauliSum.from_list([("Z", [2], 1.0), ("XX", [0, 5], 0.5)], 40)
+    trunc = pp.Truncation(max_terms=40, min_abs_coeff=1e-4)
+    batch = np.array([[0.3, -1.2], [1.1, 0.4], [0.0, 2.5]])
+    kw = dict(truncation=trunc, initial_capacity=16, return_stats=True)
+    vmapped_vals, vmapped_stats = pp.expectation(c, obs, batch, **kw)
+    vmapped_sum, _ = pp.propagate(c, obs, batch, truncation=trunc, initial_capacity=16)
+    drives = []
+    real_drive = PR._drive_side_by_side
+    monkeypatch.setattr(PR, "_drive_side_by_side", lambda *a: drives.append(a[-1]) or real_drive(*a))
+    monkeypatch.setattr(PR, "SIDE_BY_SIDE_CAPACITY", 16)
+    monkeypatch.setattr(PR, "_cores", lambda: 2)
+    vals, stats = pp.expectation(c, obs, batch, **kw)
+    summed, _ = pp.propagate(c, obs, batch, truncation=trunc, initial_capacity=16)
+    assert drives == [2, 2]  # both calls ran side by side, on two threads
+    for got, want in zip(stats, vmapped_stats):
+        assert np.shape(got) == np.shape(want)
+    for k, q in enumerate(batch):
+        v, s = pp.expectation(c, obs, q, **kw)
+        assert float(vals[k]) == float(v) and abs(float(vmapped_vals[k]) - float(v)) < 1e-12
+        np.testing.assert_array_equal(np.asarray(stats.dropped_norm)[k], np.asarray(s.dropped_norm))
+        one, _ = pp.propagate(c, obs, q, truncation=trunc, initial_capacity=16)
+        mine = {(a.tobytes(), b.tobytes()): w for a, b, w in zip(np.asarray(summed.x[k]), np.asarray(summed.z[k]),
+                                                                   np.asarray(summed.coeffs[k])) if w != 0}
+        ref = {(a.tobytes(), b.tobytes()): w for a, b, w in zip(np.asarray(one.x), np.asarray(one.z),
+                                                                 np.asarray(one.coeffs)) if w != 0}
+        assert mine == ref
+
+
+def test_capacities_below_the_observables_merge_bucket_work():
+    """The observable's merge runs in a buffer of at least 64 slots; a capacity (or a first capacity)
+    below that, still holding the observable, runs and grows as any other."""
+    c = pp.Circuit(3).rx(0, 0.4).rzz(0, 1, 0.9).ry(2, -0.3).cx(1, 2)
+    obs = pp.PauliSum.from_labels({"ZII": 1.0, "IXZ": 0.5})
+    exact = float(pp.expectation(c, obs, method="statevector"))
+    for kw in (dict(capacity=4), dict(initial_capacity=2), dict(capacity=16)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # capacity=4 may overflow (reported)
+            val, stats = pp.expectation(c, obs, return_stats=True, **kw)
+        if not bool(stats.overflow):
+            assert abs(float(val) - exact) < 1e-12, kw
+    assert not bool(pp.expectation(c, obs, initial_capacity=2, return_stats=True)[1].overflow)
+
+
+def test_threads_that_start_together_share_one_program(monkeypatch):
+    """A CPU batch runs its members on threads (propagate._drive_side_by_side), which ask for the
+    same program at the same moment: they get one jitted function (so one compilation), not one
+    each. jax.jit is slowed down here so that, unguarded, both threads would build their own."""
+    import threading
+    import time
+
+    from pauliprop.propagation import propagate as PR
+    jit = jax.jit
+    monkeypatch.setattr(PR.jax, "jit", lambda *a, **k: time.sleep(0.3) or jit(*a, **k))
+    c = pp.Circuit(3).h(0).cx(0, 1).rx(2, pp.Param(0))
+    low = PR.lowered(c, pp.Truncation(), jax.default_backend())
+    cfg = PR.config(low, pp.Truncation(), 64, True, jax.default_backend())._replace(unroll=3)  # a key no other test has
+    got = [None, None]
+
+    def ask(i):
+        got[i] = PR._forward_jit(cfg, False, jax.default_backend())
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is got[1] is not None
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([3, 40, 127]), st.data(), st.sampled_from([0.0, 1e-9, 0.3, -2.5]),
+       st.sampled_from([None, 0, 2, 5]), st.sampled_from([None, 1e-6, 0.5]), st.sampled_from([None, 1, 7]))
+def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n, data, coeff, max_weight,
+                                                                              min_abs_coeff, max_terms):
+    """One term needs no merge program: the host's buffer, live count and dropped norms equal the
+    merge program's, for every rule that can drop or keep it."""
+    from pauliprop.propagation import propagate as PR
+    label = "".join(data.draw(st.lists(st.sampled_from("IIXYZ"), min_size=n, max_size=n)))
+    obs = pp.PauliSum.from_labels({label: coeff})
+    trunc = pp.Truncation(max_weight=max_weight, min_abs_coeff=min_abs_coeff, max_terms=max_terms)
+    c = pp.Circuit(n).rx(0, pp.Param(0))
+    low = PR.lowered(c, trunc, "cpu")
+    dtype = jnp.result_type(float)
+    host_buf, host_live = PR._one_term_merged(obs, trunc, dtype, 64)
+    cfg = PR.config(low, trunc, 64, True, "cpu")
+    prog_buf, prog_live = PR._merge_jit(cfg, "cpu")(low.device_tables("cpu"), PR._initial_buffer(obs, 64, dtype),
+                                                     trunc.limits(dtype))
+    assert int(host_live) == int(prog_live)
+    for a, b in zip(host_buf, prog_buf):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,0 +1,121 @@
+"""Steps and units (pauliprop/propagation/schedule.py): how the lowered circuit is grouped for the loop.
+
+* Every row of the lowered program is in exactly one step, and steps hold what they say: Clifford
+  runs, rotations on pairwise disjoint qubits, channels.
+* Whether a rotation is Clifford is read off the circuit, never off a parameter's value; circuits of
+  one shape share their tables' shapes (one compiled program).
+* A kicked-Ising step is one rotation layer and one Clifford map.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pauliprop as pp
+from pauliprop import models
+from pauliprop.propagation import program as P
+from pauliprop.propagation import schedule as S
+
+from .._strategies import ALL_KINDS, anchored_ops, build
+
+from pauliprop.propagation.propagate import lowered
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_every_row_is_in_one_step_of_its_kind(data):
+    n = data.draw(st.integers(1, 5))
+    prog = P.lower(build(n, data.draw(anchored_ops(n, data.draw(st.integers(0, 30)), ALL_KINDS, noise=True))))
+    sched = S.schedule(prog)
+    rows = [r for ops in sched.step_ops for r in ops]
+    assert rows == list(range(prog.length - 1, -1, -1))  # backward order, each row once
+    want = {P.CLIFFORD: S.CLIFFORD, P.QUARTER: S.CLIFFORD, P.ROTATION: S.LAYER, P.CHANNEL: S.CHANNEL,
+            P.DAMP: S.MERGE}
+    for kind, ops in zip(sched.kind, sched.step_ops):
+        assert all(want[int(prog.kind[r])] == kind for r in ops)
+        if kind == S.LAYER:  # pairwise disjoint supports
+            supports = [S._support(prog.gx[r], prog.gz[r]) for r in ops]
+            assert sum(map(len, supports)) == len(set().union(*supports))
+    # maximal runs: no two neighbouring Clifford (or channel) steps
+    for a, b in zip(sched.kind[:-1], sched.kind[1:]):
+        assert not (a == b and a in (S.CLIFFORD, S.CHANNEL))
+    # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer
+    # with layers=True a multi-rotation layer is one LAYER unit over its rotations, read after it (or
+    # after its truncation, per layer)
+    for per in ("gate", "layer"):
+        layers = [i for i, (k, c) in enumerate(zip(sched.kind, sched.count)) if k == S.LAYER and c > 1]
+        for as_layers in (False, True):
+            u = S.units(sched, per, layers=as_layers)
+            assert u.unit_of_op.shape == (prog.length,) and np.all(u.unit_of_op < u.length)
+            assert int(np.sum(u.kind == S.U_TRUNCATE)) == (len(layers) if per == "layer" else 0)
+            assert int(np.sum(u.kind == S.U_LAYER)) == (len(layers) if as_layers else 0)
+            rotations = int(sum(c for k, c in zip(sched.kind, sched.count) if k == S.LAYER))
+            assert int(np.sum(u.count[u.kind == S.U_LAYER]) + np.sum(u.kind == S.U_SPLIT)) == rotations
+            for i in (layers if as_layers else ()):
+                unit = {int(u.unit_of_op[r]) for r in sched.step_ops[i]}
+                assert len(unit) == 1 and u.kind[unit.pop()] == (S.U_LAYER if per == "gate" else S.U_TRUNCATE)
+
+
+def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():
+    """20 steps of 127 RX and 144 RZZ(-pi/2): 40 steps of the loop (plus the observable's merge),
+    with the angles as Params and as fixed values other than multiples of pi/2."""
+    for theta in (pp.Param(0), 0.3):
+        c = models.kicked_ising(20, theta)
+        sched = S.schedule(P.lower(c), backend="gpu")
+        assert list(sched.kind) == [S.MERGE] + [S.CLIFFORD, S.LAYER] * 20
+        assert all(sched.count[i] == 127 for i in range(2, 41, 2)) and all(sched.dense[1::2])
+
+
+def test_equal_clifford_runs_are_composed_once(monkeypatch):
+    """The kicked Ising repeats one RZZ(-pi/2) layer: its map is composed once for the 20 steps and
+    reused by the next circuit of the sweep; another layer gets its own map; the stored map equals a
+    fresh composition and cannot be written to."""
+    monkeypatch.setattr(S, "_COMPOSED", {})
+    first = S.schedule(P.lower(models.kicked_ising(20, 0.3)), backend="gpu")
+    assert len(S._COMPOSED) == 1 and np.all(first.map_x[:20] == first.map_x[0])
+    again = S.schedule(P.lower(models.kicked_ising(20, 0.5)), backend="gpu")
+    assert len(S._COMPOSED) == 1 and np.array_equal(again.map_x, first.map_x)
+    c = models.kicked_ising(2, 0.3)
+    c.cx(0, 1)  # the last step's Clifford run now differs
+    S.schedule(P.lower(c), backend="gpu")
+    assert len(S._COMPOSED) == 2
+    m = next(iter(S._COMPOSED.values()))  # the RZZ layer's map
+    monkeypatch.setattr(S, "_COMPOSED", {})
+    fresh = S.schedule(P.lower(models.kicked_ising(1, 0.3)), backend="gpu")
+    assert np.array_equal(fresh.map_x[0], m.image_x) and np.array_equal(fresh.map_phase[0], m.phase)
+    assert not m.image_x.flags.writeable
+
+
+def test_a_params_value_never_changes_the_program():
+    """RX(Param) at 0 and at pi/2 is a rotation (a fixed 0 or pi/2 is not): the same tables for
+    every value, so a sweep over angles compiles once."""
+    c = models.kicked_ising(3, pp.Param(0), num_qubits=6, edges=[(0, 1), (2, 3), (4, 5), (1, 2)])
+    low = lowered(c, pp.Truncation(min_abs_coeff=1e-4))
+    for value in (0.0, math.pi / 2, 0.3):
+        again = lowered(c, pp.Truncation(min_abs_coeff=1e-4))
+        assert again is low  # cached on the circuit: nothing in it depends on the value
+        assert abs(float(pp.expectation(c, models.single_z(2, 6), [value])) -
+                   float(pp.expectation(c, models.single_z(2, 6), [value], method="statevector"))) < 1e-10
+    fixed = [S.schedule(P.lower(models.kicked_ising(3, a, num_qubits=6, edges=[(0, 1)]))) for a in (0.0, math.pi / 2)]
+    assert all(S.LAYER not in list(s.kind) for s in fixed)  # fixed quarter turns are Clifford
+
+
+def test_circuits_of_similar_size_share_table_shapes():
+    """Tables are padded to bucketed lengths: 5 to 40 gates on up to 8 qubits give one set of shapes
+    per (lanes, kinds present), so a loop over many small circuits reuses compiled programs."""
+    rng = np.random.default_rng(0)
+    shapes = set()
+    for _ in range(30):
+        n = int(rng.integers(1, 9))
+        c = pp.Circuit(n)
+        for _ in range(int(rng.integers(5, 41))):
+            q = int(rng.integers(n))
+            [lambda: c.h(q), lambda: c.rx(q, float(rng.normal())), lambda: c.t(q),
+             lambda: c.cx(q, (q + 1) % n) if n > 1 else c.s(q)][rng.integers(4)]()
+        tables = {**S.padded(S.schedule(P.lower(c))), **S.padded_units(S.units(S.schedule(P.lower(c))))}
+        shapes.add(tuple(sorted((k, np.shape(v)) for k, v in tables.items())))
+    assert len(shapes) == 1
