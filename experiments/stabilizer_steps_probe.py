@@ -37,7 +37,7 @@ if "packed" in sys.argv:
     def chunk():
         start, n, words = plan[0]
         with jax.enable_x64(True):
-            return smp._chunk(s._structure, s._tables, s._key, np.uint32(1), np.uint32(start), tables, prog.num_qubits,
+            return smp._chunk(s._structure, s._tables, s._key, np.array([1, start], np.uint32), tables, prog.num_qubits,
                               prog.num_measurements, words, F.frame_engine("auto", words), s._limits, True)
     res["chunk_dev"] = best(lambda: jax.block_until_ready(chunk()))
     parts = jax.block_until_ready(chunk())
