@@ -63,7 +63,7 @@ def rows() -> list[list[str]]:
     peer = sum(r["seconds"] for r in d["records"] if r["tool"] == "pauli-prop")
     out.append(_row("127-qubit kicked Ising, 3 angles as one batch, 1e5 terms, fresh process", d,
                     batch["batch_first_call_s"], "pauli-prop", peer, [f]))
-    f = "stabilizer_surface_views_h100_2026-11-26.json"  # frame kernel, one-chunk host views; cuStabilizer beside
+    f = "stabilizer_surface_h100_2026-11-26_late.json"  # one transfer and one dispatch a chunk; cuStabilizer beside
     d = _load(f)
     rec = lambda tool, dist, shots: next(r for r in d["records"] if (r["tool"], r["d"], r["shots"]) ==
                                          (tool, dist, shots) and r.get("status") == "ok")
@@ -72,7 +72,7 @@ def rows() -> list[list[str]]:
                                     (5, 10**6, "packed_host_s", "packed detectors to the host")):
         out.append(_row(f"surface code d = {dist}, {shots:.0e} shots, {what}".replace("e+0", "e"), d,
                         rec("ours", dist, shots)[mode], "cuStabilizer", rec("custabilizer", dist, shots)[mode], [f]))
-    f = "stabilizer_random_measure_settled_h100_2026-11-26.json"  # merged gate layers, measure-all kernels
+    f = "stabilizer_random_measure_lookahead_h100_2026-11-26.json"  # each apply launch plans the next block
     d = _load(f)
     rec = lambda tool: next(r for r in d["records"] if (r["tool"], r["n"]) == (tool, 10000) and r["status"] == "ok")
     out.append(_row("10,000 qubits: 100 random Clifford layers, then measure all (warm)", d, rec("ours")["seconds"],
