@@ -239,12 +239,13 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         x, z, signs, pivots, flags = carry
         at_j = row == j
         xj = _pick(at_j[:, None], x, axis=0)  # (w,) the measured row's x words
-        random = (active_ref[j] != 0) & (jnp.max((xj != 0).astype(jnp.int32)) > 0)
-        w0 = jnp.min(jnp.where(xj != 0, col, w - 1))  # first nonzero word
-        xw = _pick(col == w0, xj)
-        low = xw & (jnp.uint32(0) - xw)
-        bit = jnp.where(random, _popcount(low - one), 0)
-        km = jnp.where(random, xj ^ jnp.where(col == w0, low, jnp.uint32(0)), jnp.uint32(0))
+        # the pivot, its lowest x column, in one reduction (a step's time is its chain of reductions)
+        lowest = xj & (jnp.uint32(0) - xj)
+        first = jnp.min(jnp.where(xj != 0, col * 32 + _popcount(lowest - one), 32 * w))
+        random = (active_ref[j] != 0) & (first < 32 * w)
+        w0 = jnp.where(random, first // 32, w)  # no word where nothing collapses
+        bit = jnp.where(random, first % 32, 0)
+        km = jnp.where(col == w0, xj ^ (one << bit.astype(jnp.uint32)), jnp.where(random, xj, jnp.uint32(0)))
         at_w = (col == w0)[None, :]
 
         # each row's x and z bits at the pivot, in one reduction
@@ -278,13 +279,15 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         shifted = lambda v: (v << bit.astype(jnp.uint32))[:, None]
         x = jnp.where(at_w, (x & keep) | shifted(nx), x)
         z = jnp.where(at_w, (z & keep) | shifted(nz), z)
-        # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot
-        fix = random & (_pick(at_j, signs) != guesses_ref[j])
+        # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot (the
+        # measured row itself is then +-Z there, so its outcome is its sign, flipped by the fix)
+        sign = _pick(at_j, signs)
+        fix = random & (sign != guesses_ref[j])
         signs = signs ^ jnp.where(fix, nz.astype(jnp.int32), 0)
         kmask_ref[pl.ds(j, 1), :] = km[None, :]
-        pivots = jnp.where(at_j, jnp.where(random, w0 * 32 + bit, 0), pivots)
+        pivots = jnp.where(at_j, jnp.where(random, first, 0), pivots)
         code = random.astype(jnp.int32) | (use_yz.astype(jnp.int32) << 1) | (fix.astype(jnp.int32) << 2)
-        flags = jnp.where(at_j, code | (_pick(at_j, signs) << 3), flags)
+        flags = jnp.where(at_j, code | ((sign ^ fix.astype(jnp.int32)) << 3), flags)
         return x, z, signs, pivots, flags
 
     zeros = jnp.zeros(b, jnp.int32)
