@@ -130,7 +130,7 @@ def _rates(dets, obs) -> dict:
 
 
 def _counts(text: str) -> tuple:
-    from stabilizer.circuit import Circuit
+    from stabilizer.circuits.circuit import Circuit
 
     c = Circuit(text)
     return c.num_detectors, c.num_observables

@@ -11,7 +11,7 @@ Modules: `circuit` (Stim text), `tableau` (the packed inverse tableau and its pu
 (TableauSimulator), `frames` (Pauli frames of many shots), `sampler` (the compiled samplers).
 """
 
-from .circuit import (
+from .circuits.circuit import (
                       Circuit,
                       CircuitError,
                       CircuitInstruction,

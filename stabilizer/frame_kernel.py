@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .kernels import lane_mask
-from .program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
+from .circuits.program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
 TILE = 32  # slots a tile
@@ -80,8 +80,8 @@ def _uniform(h0, h1):
 
 
 def tables_for_kernel(table) -> dict:
-    """A lowered op table (`stabilizer.program`) as the kernel reads it: int32 and float64 arrays, one
-    row an op (active slots come first in every op, as the lowering writes them)."""
+    """A lowered op table (`stabilizer.circuits.program`) as the kernel reads it: int32 and float64
+    arrays, one row an op (active slots come first in every op, as the lowering writes them)."""
     kind = table["kind"].astype(jnp.int32)
     probs = table["probs"].astype(jnp.float64)
     total = jnp.where(kind == NOISE, jnp.sum(probs, axis=1), probs[:, 0])
@@ -348,8 +348,8 @@ def run_table(table: dict, span, x, z, record, chain, key_data, counter, base, i
 
 
 def run_segments(structure, tables, x, z, record, key_data, interpret: bool = False):
-    """A lowered program's segments (`stabilizer.program`) on the frames and record: a kernel launch per
-    op table, a `lax.fori_loop` of launches per REPEAT. Returns the record."""
+    """A lowered program's segments (`stabilizer.circuits.program`) on the frames and record: a kernel
+    launch per op table, a `lax.fori_loop` of launches per REPEAT. Returns the record."""
     if not structure:
         return record
     table, spans = _concatenated(structure, tables)

@@ -9,7 +9,7 @@ Outcomes are reference XOR flips; detectors and observables are parities of flip
 section 5: the reference shot is not optional).
 
 Words are uint32 of 32 shots; x and z have shape (num_qubits + 1, words) (the last row is the
-lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.program`): on GPUs as
+lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.circuits.program`): on GPUs as
 `frame_kernel`'s Pallas kernel (one launch an op table), elsewhere as one scan of the op rules below.
 
 Noise is drawn sparsely, as Stim does: the gaps between hit bit positions are geometric, so a draw
@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from . import frame_kernel, kernels
-from .program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from .circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
 
 
 class Frames(NamedTuple):
@@ -209,7 +209,7 @@ def noise_limits(structure, tables) -> tuple:
     return tuple(limit(r) for r in runs)
 
 
-# ---- a lowered program (stabilizer.program) over all shots of a chunk -----------------------------
+# ---- a lowered program (stabilizer.circuits.program) over all shots of a chunk --------------------
 
 class _Carry(NamedTuple):
     f: Frames

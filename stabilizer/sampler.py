@@ -1,7 +1,7 @@
 """Many-shot samplers with Stim's API: `compile_sampler` (measurement records) and
 `compile_detector_sampler` (detection events and observable flips).
 
-The circuit is lowered once (`stabilizer.program`); one noiseless reference shot runs it on the
+The circuit is lowered once (`stabilizer.circuits.program`); one noiseless reference shot runs it on the
 tableau (random outcomes taken as 0), then Pauli frames run it for all shots (`stabilizer.frames`),
 in chunks so that any number of shots fits in memory. A chunk is one compiled program (key, frames,
 outputs: one dispatch; six dispatches took 1.4 of the 2.3 ms of a d = 5, 1e5-shot sample on an H100),
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import frames as _f
-from . import program as _p
+from .circuits import program as _p
 from . import tableau as _t
-from .circuit import Circuit
+from .circuits.circuit import Circuit, provide_samplers
 
 _CHUNK_BYTES = None  # working-set budget of one chunk of shots; None: an eighth of device memory
 
@@ -334,3 +334,6 @@ def compile_sampler(circuit, *, seed: int | None = None, skip_reference_sample: 
 
 def compile_detector_sampler(circuit, *, seed: int | None = None):
     return CompiledDetectorSampler(circuit, seed=seed)
+
+
+provide_samplers(compile_sampler, compile_detector_sampler, reference_sample)  # Circuit's sampler methods

@@ -15,19 +15,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import program as _p
+from .circuits import program as _p
 from . import tableau as _t
-from .circuit import (
+from .circuits.circuit import (
     INSTRUCTIONS,
     Circuit,
     CircuitInstruction,
     CircuitRepeatBlock,
     GateTarget,
-    _validate,
     canonical_name,
     product_groups,
+    validate_instruction,
 )
-from .program import (
+from .circuits.program import (
     PAIRS,
     bucket,
     disjoint_runs,
@@ -241,7 +241,7 @@ class TableauSimulator:
                 self.do(item.body)
         elif isinstance(item, CircuitInstruction):
             if item.line == 0:  # built in code: not checked by the parser yet
-                _validate(item, len(self._record))
+                validate_instruction(item, len(self._record))
             self._do_instruction(item)
         elif type(item).__module__.startswith("stim") and type(item).__name__ == "PauliString":
             self._paulis((q, "_XYZ"[p]) for q, p in enumerate(item) if p)  # its sign is a global phase
@@ -253,7 +253,8 @@ class TableauSimulator:
     do_circuit = do
 
     def _do_program(self, circuit: Circuit) -> None:
-        """Run a whole circuit as one compiled scan (stabilizer.program) on the current tableau."""
+        """Run a whole circuit as one compiled scan (stabilizer.circuits.program) on the current
+        tableau."""
         self.set_num_qubits(circuit.num_qubits)
         prog = _p.lowered(circuit, spare=self._n, merge_gates=True)  # set_num_qubits keeps room for the spare
         structure, tables = prog.structure(), _p.device_tables(prog)

@@ -16,8 +16,8 @@ import pytest
 import stabilizer.sampler as S
 from stabilizer import frame_kernel as K
 from stabilizer import frames as F
-from stabilizer import program as P
-from stabilizer.circuit import Circuit
+from stabilizer.circuits import program as P
+from stabilizer.circuits.circuit import Circuit
 
 from .test_sampler import CIRCUITS, SHOTS, _noisy, _tv, check_surface_rates
 from .test_tableau import STIM_GATES

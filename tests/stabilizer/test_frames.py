@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from stabilizer import frames as F
-from stabilizer import program as P
-from stabilizer.circuit import Circuit
+from stabilizer.circuits import program as P
+from stabilizer.circuits.circuit import Circuit
 
 from .test_tableau import STIM_GATES, gate_action
 
@@ -36,7 +36,7 @@ def _apply(op, c: F._Carry, row, key, **options) -> F._Carry:
 
 def _row(op_kind, qubits, spare, width=None, **fields):
     """One op-table row: qubits a list of (q0, q1) slots, padded to `width` slots as the lowering pads
-    them; fields as in stabilizer.program._Op."""
+    them; fields as in stabilizer.circuits.program._Op."""
     fields = {k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()}
     op = P._Op(op_kind, np.asarray(qubits), **fields)
     return {k: jnp.asarray(v[0]) for k, v in P._table([op], width or len(qubits), spare).items()}

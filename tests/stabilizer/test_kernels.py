@@ -14,7 +14,7 @@ from pauliprop import gates as G
 from stabilizer import Circuit
 from stabilizer import kernels as K
 from stabilizer import tableau as T
-from stabilizer.program import gate_action, lowered
+from stabilizer.circuits.program import gate_action, lowered
 from stabilizer.simulator import TableauSimulator
 
 stim = pytest.importorskip("stim")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stabilizer import tableau as T
-from stabilizer.circuit import Circuit
+from stabilizer.circuits.circuit import Circuit
 from stabilizer.simulator import TableauSimulator
 
 from .test_simulator import _Forced, _raw_outcomes

@@ -11,7 +11,7 @@ import pytest
 
 import stabilizer.sampler as S
 from stabilizer import kernels
-from stabilizer.circuit import Circuit
+from stabilizer.circuits.circuit import Circuit
 from stabilizer.sampler import (
     compile_detector_sampler,
     compile_sampler,

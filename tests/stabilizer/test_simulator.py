@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stabilizer.circuit import Circuit
-from stabilizer.program import disjoint_runs
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.circuits.program import disjoint_runs
 from stabilizer.simulator import TableauSimulator
 
 from .test_tableau import STIM_GATES, gate_action
@@ -94,7 +94,7 @@ def _raw_outcomes(circuit: Circuit, record: list[bool], resets: bool = True) -> 
                 out.append(int(record[i] ^ a.is_inverted_result_target ^ b.is_inverted_result_target))
                 i += 1
         elif kind == "mpp":
-            from stabilizer.circuit import product_groups
+            from stabilizer.circuits.circuit import product_groups
 
             for group in product_groups(ins):
                 out.append(int(record[i] ^ (sum(t.is_inverted_result_target for t in group) % 2)))

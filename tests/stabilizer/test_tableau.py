@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pauliprop import gates as G
 from stabilizer import tableau as T
-from stabilizer.program import gate_action
+from stabilizer.circuits.program import gate_action
 from stabilizer.simulator import TableauSimulator
 
 stim = pytest.importorskip("stim")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stabilizer import Circuit
-from stabilizer import program as P
+from stabilizer.circuits import program as P
 from stabilizer import tableau as T
 
 
