@@ -25,7 +25,7 @@ from .sampler import (
                       compile_sampler,
                       reference_sample,
 )
-from .simulator import TableauSimulator
+from .tableau.simulator import TableauSimulator
 
 __all__ = [
                       "Circuit",

@@ -41,8 +41,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .kernels import lane_mask
 from .circuits.program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
+from .tableau.kernels import lane_mask
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
 TILE = 32  # slots a tile

@@ -35,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import frame_kernel, kernels
 from .circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from .tableau import kernels
+from .tableau.kernels import pack
+from . import frame_kernel
 
 
 class Frames(NamedTuple):
@@ -50,12 +52,6 @@ def zeros(num_qubits: int, words: int) -> Frames:
 
 def random_bits(key, shape) -> jax.Array:
     return jax.random.bits(key, shape, jnp.uint32)
-
-
-def pack(bits) -> jax.Array:
-    """(..., b) bool or 0/1, b <= 32 -> (...) uint32, entry j at bit j."""
-    return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(bits.shape[-1], dtype=jnp.uint32), axis=-1,
-                   dtype=jnp.uint32)
 
 
 # ---- noise: which bit positions an event hits, and which event ------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import frames as _f
 from .circuits import program as _p
-from . import tableau as _t
+from .tableau import tableau as _t
 from .circuits.circuit import Circuit, provide_samplers
 
 _CHUNK_BYTES = None  # working-set budget of one chunk of shots; None: an eighth of device memory

@@ -20,7 +20,7 @@ from stabilizer.circuits import program as P
 from stabilizer.circuits.circuit import Circuit
 
 from .test_sampler import CIRCUITS, SHOTS, _noisy, _tv, check_surface_rates
-from .test_tableau import STIM_GATES
+from .tableau.test_tableau import STIM_GATES
 
 stim = pytest.importorskip("stim")
 

@@ -13,7 +13,7 @@ from stabilizer import frames as F
 from stabilizer.circuits import program as P
 from stabilizer.circuits.circuit import Circuit
 
-from .test_tableau import STIM_GATES, gate_action
+from .tableau.test_tableau import STIM_GATES, gate_action
 
 stim = pytest.importorskip("stim")
 _LETTER = {(0, 0): "_", (1, 0): "X", (1, 1): "Y", (0, 1): "Z"}

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import stabilizer.sampler as S
-from stabilizer import kernels
 from stabilizer.circuits.circuit import Circuit
 from stabilizer.sampler import (
     compile_detector_sampler,
     compile_sampler,
     reference_sample,
 )
+from stabilizer.tableau import kernels
 
 stim = pytest.importorskip("stim")
 

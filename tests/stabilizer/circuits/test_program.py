@@ -12,7 +12,7 @@ import pytest
 
 from stabilizer import Circuit
 from stabilizer.circuits import program as P
-from stabilizer import tableau as T
+from stabilizer.tableau import tableau as T
 
 
 def test_catalogue_numbers_every_unitary_gate_with_its_tables():

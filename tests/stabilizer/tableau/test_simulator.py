@@ -1,6 +1,6 @@
-"""TableauSimulator (stabilizer/simulator.py) runs Stim circuits as Stim does: every measurement
-outcome that Stim determines, we determine identically; forced to Stim's random outcomes, we end in
-Stim's state; noise channels apply the Paulis Stim's would."""
+"""TableauSimulator (stabilizer/tableau/simulator.py) runs Stim circuits as Stim does: every
+measurement outcome that Stim determines, we determine identically; forced to Stim's random outcomes,
+we end in Stim's state; noise channels apply the Paulis Stim's would."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from stabilizer.circuits.circuit import Circuit
 from stabilizer.circuits.program import disjoint_runs
-from stabilizer.simulator import TableauSimulator
+from stabilizer.tableau.simulator import TableauSimulator
 
 from .test_tableau import STIM_GATES, gate_action
 
@@ -37,7 +37,7 @@ class _Forced:
 @pytest.fixture(params=["direct", "program"])
 def path(request, monkeypatch):
     """Run circuits instruction by instruction, or as one compiled program."""
-    import stabilizer.simulator as S
+    import stabilizer.tableau.simulator as S
 
     monkeypatch.setattr(S, "PROGRAM_MIN_INSTRUCTIONS", 10**9 if request.param == "direct" else 0)
     return request.param

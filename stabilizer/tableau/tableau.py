@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..circuits.program import GATE, MEASURE, gate_catalogue, pair_codes, run_segments
 from . import kernels
-from .frames import pack
-from .circuits.program import GATE, MEASURE, gate_catalogue, pair_codes, run_segments
+from .kernels import pack
 
 WORD = 32
 
