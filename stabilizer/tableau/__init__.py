@@ -9,8 +9,9 @@
   simulator  `TableauSimulator`: Stim's interactive simulator on the tableau
 
 Imports stabilizer.circuits (the instructions and the lowering), never the frames. The names of
-tableau.py are this package's too, as `stabilizer.tableau.identity(...)`; tuning constants are read
-from their modules (patch stabilizer.tableau.tableau.MEASURE_BLOCK, not the copy here).
+tableau.py are this package's too, as `stabilizer.tableau.identity(...)`; the modules read their own
+globals, so patch those (in stabilizer.tableau.tableau, stabilizer.tableau.kernels), not the copies
+here.
 """
 
 from .simulator import TableauSimulator

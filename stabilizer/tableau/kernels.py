@@ -1,5 +1,5 @@
 """The tableau's Pallas kernels for the GPU hot loops, each beside the pure-JAX rule it replaces
-(the frames' kernel is `stabilizer.frame_kernel`), and the kernel mode every runner reads.
+(the frames' kernel is `stabilizer.frames.frame_kernel`), and the kernel mode every runner reads.
 
 * `prepend_rows`: a window of gates on disjoint qubits prepended to the inverse tableau. Each
   program owns one gate and one block of words: it loads the gate's rows (T(X_a), T(Z_a), ...),

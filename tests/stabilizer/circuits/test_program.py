@@ -1,7 +1,7 @@
-"""Lowering circuits to op tables (stabilizer/program.py): the gate catalogue is the shared gate table's,
-a merged lowering puts every gate on disjoint qubits between two other ops into one op and keeps the
-order of gates that share a qubit, and the tableau run of a merged program equals the unmerged one bit
-for bit (which the simulator and kernel tests hold to Stim)."""
+"""Lowering circuits to op tables (stabilizer/circuits/program.py): the gate catalogue is the shared
+gate table's, a merged lowering puts every gate on disjoint qubits between two other ops into one op
+and keeps the order of gates that share a qubit, and the tableau run of a merged program equals the
+unmerged one bit for bit (which the simulator and kernel tests hold to Stim)."""
 
 from __future__ import annotations
 

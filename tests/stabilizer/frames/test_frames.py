@@ -1,5 +1,6 @@
-"""Pauli frames (stabilizer/frames.py): the bit-sliced op rules equal the per-shot Pauli algebra, and
-the noise draws (sparse and dense) hit every bit position with the channel's probabilities."""
+"""Pauli frames (stabilizer/frames/frames.py): the bit-sliced op rules equal the per-shot Pauli
+algebra, and the noise draws (sparse and dense) hit every bit position with the channel's
+probabilities."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from stabilizer import frames as F
 from stabilizer.circuits import program as P
 from stabilizer.circuits.circuit import Circuit
+from stabilizer.frames import frames as F
 
-from .tableau.test_tableau import STIM_GATES, gate_action
+from ..tableau.test_tableau import STIM_GATES, gate_action
 
 stim = pytest.importorskip("stim")
 _LETTER = {(0, 0): "_", (1, 0): "X", (1, 1): "Y", (0, 1): "Z"}

@@ -1,9 +1,9 @@
 """The frame program on GPUs: one Pallas kernel runs a whole op table for a block of shots.
 
-`stabilizer.frames` runs an op table as a `lax.scan` whose step is about 33 small XLA kernels and a
-read of the op kind by the host (126 us an op on an H100, where NVIDIA's cuStabilizer takes a few):
-launch and control cost, not arithmetic. Here each program of the kernel owns BLOCK_WORDS words of
-shots and walks the table's ops in order, all in one launch; a REPEAT block is a loop of launches.
+`stabilizer.frames.frames` runs an op table as a `lax.scan` whose step is about 33 small XLA kernels
+and a read of the op kind by the host (126 us an op on an H100, where NVIDIA's cuStabilizer takes a
+few): launch and control cost, not arithmetic. Here each program of the kernel owns BLOCK_WORDS words
+of shots and walks the table's ops in order, all in one launch; a REPEAT block is a loop of launches.
 
 Each op kind, for the program's block of words:
   GATE        tiles of TILE slots: gather the slots' frame rows, XOR the generators' images, scatter back
@@ -41,8 +41,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .circuits.program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
-from .tableau.kernels import lane_mask
+from ..circuits.program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
+from ..tableau.kernels import lane_mask
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
 TILE = 32  # slots a tile

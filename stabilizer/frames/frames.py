@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
-from .tableau import kernels
-from .tableau.kernels import pack
+from ..circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from ..tableau import kernels
+from ..tableau.kernels import pack
 from . import frame_kernel
 
 
