@@ -15,11 +15,12 @@ stabilizer.frames.frames, stabilizer.frames.sampler), not the copies here.
 """
 
 from .frames import (COMPILER_OPTIONS, FLIP, NOISY_KINDS, PAIR_EVENTS, SPARSE_MAX, STATIC, Draw, Frames, flip_budget,
-                     frame_engine, noise_limits, noise_masks, program_record, random_bits, run_program, uniform64, zeros)
+                     frame_engine, noise_limits, noise_masks, pack, program_record, random_bits, run_program, uniform64,
+                     zeros)
 from .sampler import (CompiledDetectorSampler, CompiledMeasurementSampler, chunk_words, compile_detector_sampler,
                       compile_sampler, reference_sample, shot_major, transpose_words, xor_rows)
 
 __all__ = ["COMPILER_OPTIONS", "FLIP", "NOISY_KINDS", "PAIR_EVENTS", "SPARSE_MAX", "STATIC", "CompiledDetectorSampler",
            "CompiledMeasurementSampler", "Draw", "Frames", "chunk_words", "compile_detector_sampler", "compile_sampler",
-           "flip_budget", "frame_engine", "noise_limits", "noise_masks", "program_record", "random_bits",
+           "flip_budget", "frame_engine", "noise_limits", "noise_masks", "pack", "program_record", "random_bits",
            "reference_sample", "run_program", "shot_major", "transpose_words", "uniform64", "xor_rows", "zeros"]
