@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchtools  # noqa: E402
 
 from stabilizer import Circuit, compile_detector_sampler  # noqa: E402
-from stabilizer import frame_kernel as K  # noqa: E402
-from stabilizer import frames as F  # noqa: E402
+from stabilizer.frames import frame_kernel as K  # noqa: E402
+from stabilizer.frames import frames as F  # noqa: E402
 
 KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"  # the interpreter: a CPU check of the script
 CONFIGS = [(32, 4, 32, 128), (32, 2, 32, 128), (16, 2, 32, 64), (32, 4, 16, 128), (64, 4, 32, 128), (32, 8, 64, 256)]

@@ -130,7 +130,7 @@ def _rates(dets, obs) -> dict:
 
 
 def _counts(text: str) -> tuple:
-    from stabilizer.circuit import Circuit
+    from stabilizer.circuits.circuit import Circuit
 
     c = Circuit(text)
     return c.num_detectors, c.num_observables
@@ -177,8 +177,8 @@ def ours_stages(sampler, shots: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from stabilizer import frames
-    from stabilizer import sampler as smp
+    from stabilizer.frames import frames
+    from stabilizer.frames import sampler as smp
 
     prog = sampler.program
     tables = sampler._layouts[(False, False, True)]  # (detectors, observables); filled by the timed calls

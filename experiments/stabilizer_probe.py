@@ -83,7 +83,7 @@ def compile_only(words: int) -> dict:
     import jax
 
     import stabilizer as st
-    from stabilizer import frames
+    from stabilizer.frames import frames
 
     s = st.compile_detector_sampler(surface(5), seed=1)
     prog = s.program
@@ -100,7 +100,7 @@ def profile(distance: int, shots: int) -> dict:
     import numpy as np
 
     import stabilizer as st
-    from stabilizer import frames
+    from stabilizer.frames import frames
 
     s = st.compile_detector_sampler(surface(distance), seed=1)
     prog = s.program

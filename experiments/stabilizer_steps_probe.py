@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax, jax.numpy as jnp
 from stabilizer_bench import surface_circuit_text, random_circuit
 import stabilizer as st
-from stabilizer import sampler as smp, tableau as T, frames as F
+from stabilizer.frames import frames as F, sampler as smp
+from stabilizer.tableau import tableau as T
 
 OUT = os.environ.get("OUT", "/tmp")
 res = {}

@@ -7,25 +7,38 @@
     st.compile_detector_sampler(circ).sample(shots, bit_packed=True, on_device=True)  # jax.Arrays
     sim = st.TableauSimulator(seed=0); sim.do(circ); sim.measure(0); sim.current_measurement_record()
 
-Modules: `circuit` (Stim text), `tableau` (the packed inverse tableau and its pure rules), `simulator`
-(TableauSimulator), `frames` (Pauli frames of many shots), `sampler` (the compiled samplers).
+  circuits/  the front end: Stim text (circuit), the lowering to op tables (program)
+  tableau/   the packed inverse tableau and its pure rules (tableau), their Pallas kernels (kernels),
+             TableauSimulator (simulator)
+  frames/    Pauli frames of many shots (frames), their Pallas kernel (frame_kernel), the compiled
+             samplers (sampler)
+  cli.py     the `stabilizer` command, writing Stim's result formats (formats.py)
+
+Each folder imports only those below it (circuits < tableau < frames < cli); ARCHITECTURE.md draws
+the data path.
 """
 
-from .circuit import (
+from .circuits.circuit import (
                       Circuit,
                       CircuitError,
                       CircuitInstruction,
                       CircuitRepeatBlock,
                       GateTarget,
 )
-from .sampler import (
+from .frames.sampler import (
                       CompiledDetectorSampler,
                       CompiledMeasurementSampler,
                       compile_detector_sampler,
                       compile_sampler,
                       reference_sample,
 )
-from .simulator import TableauSimulator
+from .tableau.simulator import TableauSimulator
+
+# The modules of the flat package stay reachable by their old names, st.<module>; st.tableau and
+# st.frames are now the folders, which export the names of tableau.py and frames.py.
+from .circuits import circuit, program  # noqa: E402, F401
+from .frames import frame_kernel, sampler  # noqa: E402, F401
+from .tableau import kernels, simulator  # noqa: E402, F401
 
 __all__ = [
                       "Circuit",

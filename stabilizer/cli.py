@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
+
+from .circuits.circuit import Circuit
 from .formats import FORMATS, write_shot_data
+from .frames.sampler import compile_detector_sampler, compile_sampler
 
 BLOCK = 4096  # shots unpacked and written at a time (the sampler's output stays bit-packed)
 
@@ -69,10 +73,6 @@ def _run(args) -> int:
     formats = [args.out_format] + ([args.obs_out_format] if getattr(args, "obs_out", None) else [])
     if "ptb64" in formats and args.shots % 64:
         raise ValueError(f"ptb64 writes groups of 64 shots; --shots {args.shots} is not a multiple of 64")
-    import numpy as np
-
-    from . import Circuit, compile_detector_sampler, compile_sampler
-
     if args.input is None:
         text = sys.stdin.read()
     else:

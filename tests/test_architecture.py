@@ -2,7 +2,8 @@
 
 * their import contracts hold (pyproject.toml's [tool.importlinter], run by import-linter): each
   folder's imports point one way, no circle between siblings at any depth, optional extras only
-  where pauliprop converts or plots;
+  where pauliprop converts or plots and stim only where stabilizer converts to Stim's objects, and of
+  pauliprop stabilizer reads only the gate table;
 * no circle of imports among their modules (grimp's graph, which holds the imports inside functions
   too, the usual hiding place of a circle);
 * no private name (one leading underscore) is used outside the module that defines it: no
@@ -27,7 +28,7 @@ grimp = pytest.importorskip("grimp", reason="needs grimp (import-linter's graph;
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = REPO_ROOT / "pyproject.toml"
-PACKAGES = ["pauliprop"]
+PACKAGES = ["pauliprop", "stabilizer"]
 
 
 def _package_dir(package: str) -> Path:

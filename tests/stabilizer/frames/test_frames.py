@@ -1,5 +1,6 @@
-"""Pauli frames (stabilizer/frames.py): the bit-sliced op rules equal the per-shot Pauli algebra, and
-the noise draws (sparse and dense) hit every bit position with the channel's probabilities."""
+"""Pauli frames (stabilizer/frames/frames.py): the bit-sliced op rules equal the per-shot Pauli
+algebra, and the noise draws (sparse and dense) hit every bit position with the channel's
+probabilities."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from stabilizer import frames as F
-from stabilizer import program as P
-from stabilizer.circuit import Circuit
+from stabilizer.circuits import program as P
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.frames import frames as F
 
-from .test_tableau import STIM_GATES, gate_action
+from ..tableau.test_tableau import STIM_GATES, gate_action
 
 stim = pytest.importorskip("stim")
 _LETTER = {(0, 0): "_", (1, 0): "X", (1, 1): "Y", (0, 1): "Z"}
@@ -36,7 +37,7 @@ def _apply(op, c: F._Carry, row, key, **options) -> F._Carry:
 
 def _row(op_kind, qubits, spare, width=None, **fields):
     """One op-table row: qubits a list of (q0, q1) slots, padded to `width` slots as the lowering pads
-    them; fields as in stabilizer.program._Op."""
+    them; fields as in stabilizer.circuits.program._Op."""
     fields = {k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()}
     op = P._Op(op_kind, np.asarray(qubits), **fields)
     return {k: jnp.asarray(v[0]) for k, v in P._table([op], width or len(qubits), spare).items()}

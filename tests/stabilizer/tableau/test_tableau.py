@@ -1,5 +1,5 @@
-"""The packed inverse tableau (stabilizer/tableau.py): its row algebra, its gate rule and its
-measurement rule agree with Stim and with dense Pauli matrices."""
+"""The packed inverse tableau (stabilizer/tableau/tableau.py): its row algebra, its gate rule and
+its measurement rule agree with Stim and with dense Pauli matrices."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pauliprop import gates as G
-from stabilizer import tableau as T
-from stabilizer.program import gate_action
-from stabilizer.simulator import TableauSimulator
+from stabilizer.circuits.program import gate_action
+from stabilizer.tableau import tableau as T
+from stabilizer.tableau.simulator import TableauSimulator
 
 stim = pytest.importorskip("stim")
 

@@ -1,7 +1,7 @@
-"""The frame program's Pallas kernel (stabilizer/frame_kernel.py), compiled on a GPU and interpreted on
-the CPU: where the frames are determined (gates, certain errors, records, feedback) it equals the scan
-of stabilizer/frames.py bit for bit; where they are random, its events and flips have the channel's
-probabilities, and the samplers built on it match Stim."""
+"""The frame program's Pallas kernel (stabilizer/frames/frame_kernel.py), compiled on a GPU and
+interpreted on the CPU: where the frames are determined (gates, certain errors, records, feedback) it
+equals the scan of stabilizer/frames/frames.py bit for bit; where they are random, its events and
+flips have the channel's probabilities, and the samplers built on it match Stim."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import stabilizer.sampler as S
-from stabilizer import frame_kernel as K
-from stabilizer import frames as F
-from stabilizer import program as P
-from stabilizer.circuit import Circuit
+import stabilizer.frames.sampler as S
+from stabilizer.circuits import program as P
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.frames import frame_kernel as K
+from stabilizer.frames import frames as F
 
+from ..tableau.test_tableau import STIM_GATES
 from .test_sampler import CIRCUITS, SHOTS, _noisy, _tv, check_surface_rates
-from .test_tableau import STIM_GATES
 
 stim = pytest.importorskip("stim")
 
@@ -43,7 +43,7 @@ def kernel_sampler(monkeypatch):
     no sampler traced the kernel."""
     traced = []
     run_segments = K.run_segments
-    monkeypatch.setattr(S._f, "frame_engine", lambda kernel, words: KERNEL)
+    monkeypatch.setattr(F, "frame_engine", lambda kernel, words: KERNEL)
     monkeypatch.setattr(K, "run_segments", lambda *a, **k: traced.append(1) or run_segments(*a, **k))
     S._chunk.clear_cache()  # a program traced before the patch would not trace the kernel again
     yield

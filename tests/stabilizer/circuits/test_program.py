@@ -1,7 +1,7 @@
-"""Lowering circuits to op tables (stabilizer/program.py): the gate catalogue is the shared gate table's,
-a merged lowering puts every gate on disjoint qubits between two other ops into one op and keeps the
-order of gates that share a qubit, and the tableau run of a merged program equals the unmerged one bit
-for bit (which the simulator and kernel tests hold to Stim)."""
+"""Lowering circuits to op tables (stabilizer/circuits/program.py): the gate catalogue is the shared
+gate table's, a merged lowering puts every gate on disjoint qubits between two other ops into one op
+and keeps the order of gates that share a qubit, and the tableau run of a merged program equals the
+unmerged one bit for bit (which the simulator and kernel tests hold to Stim)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from stabilizer import Circuit
-from stabilizer import program as P
-from stabilizer import tableau as T
+from stabilizer.circuits import program as P
+from stabilizer.tableau import tableau as T
 
 
 def test_catalogue_numbers_every_unitary_gate_with_its_tables():

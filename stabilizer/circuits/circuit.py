@@ -3,8 +3,8 @@
 A `Circuit` is a list of `CircuitInstruction`s and `CircuitRepeatBlock`s (REPEAT bodies stay loops,
 never unrolled into memory). Names follow Stim (`stim.Circuit`, `CircuitInstruction`, `GateTarget`)
 so code written against Stim reads the same. Gate names and arities of the unitary gates come from
-the shared gate table (`pauliprop.gates`); everything Stim-specific (measurements, resets, noise,
-annotations) is described in `INSTRUCTIONS` below. Every input error names the line and the
+the shared gate table (`pauliprop.circuits.gates`); everything Stim-specific (measurements, resets,
+noise, annotations) is described in `INSTRUCTIONS` below. Every input error names the line and the
 instruction; nothing is skipped.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
 import numpy as np
 
-from pauliprop import gates as _gates
+from pauliprop.circuits import gates
 
 # ---- what each instruction accepts -----------------------------------------------------------------
 
@@ -32,12 +32,12 @@ class InstructionDef:
     arity: int  # 1 or 2 for per-qubit / per-pair instructions, 0 for variable (MPP, E, annotations)
     num_args: tuple[int, int]  # allowed number of parenthesised arguments (min, max)
     basis: str = "Z"  # measurement / reset basis
-    gate: str | None = None  # unitary gates: the name in pauliprop.gates.GATES
+    gate: str | None = None  # unitary gates: the name in pauliprop.circuits.gates.GATES
 
 
 def _table() -> dict[str, InstructionDef]:
     defs: dict[str, InstructionDef] = {}
-    for g in _gates.GATES.values():
+    for g in gates.GATES.values():
         for s in g.stim_names:
             defs[s] = InstructionDef(s, "unitary", g.num_qubits, (0, 0), gate=g.name)
     for b in "XYZ":
@@ -75,7 +75,7 @@ def canonical_name(name: str) -> str | None:
     if up in INSTRUCTIONS:
         g = INSTRUCTIONS[up]
         if g.kind == "unitary":  # aliases of unitary gates map to the first Stim name of the table entry
-            return _gates.GATES[g.gate].stim_names[0]
+            return gates.GATES[g.gate].stim_names[0]
         return up
     return None
 
@@ -277,7 +277,7 @@ class Circuit:
 
     def _validate_and_add(self, op: Operation):
         if isinstance(op, CircuitInstruction):
-            _validate(op, self.num_measurements)
+            validate_instruction(op, self.num_measurements)
         elif op.repeat_count < 1:
             raise CircuitError(f"line {op.line}: REPEAT count must be >= 1, got {op.repeat_count}")
         self.operations.append(op)
@@ -391,26 +391,32 @@ class Circuit:
     def __repr__(self) -> str:
         return f"stabilizer.Circuit('''\n{self}\n''')"
 
+    # Stim's sampler methods run the samplers, which sit above the parser (stabilizer/frames/sampler.py)
+    # and hand their functions down when imported (`provide_samplers`; importing stabilizer does it)
     def compile_sampler(self, *, seed: int | None = None, skip_reference_sample: bool = False):
-        from .sampler import compile_sampler
-
-        return compile_sampler(self, seed=seed, skip_reference_sample=skip_reference_sample)
+        return _SAMPLERS["compile_sampler"](self, seed=seed, skip_reference_sample=skip_reference_sample)
 
     def compile_detector_sampler(self, *, seed: int | None = None):
-        from .sampler import compile_detector_sampler
-
-        return compile_detector_sampler(self, seed=seed)
+        return _SAMPLERS["compile_detector_sampler"](self, seed=seed)
 
     def reference_sample(self):
-        from .sampler import reference_sample
-
-        return reference_sample(self)
+        return _SAMPLERS["reference_sample"](self)
 
     def to_stim(self):
         """This circuit as a `stim.Circuit` (needs stim)."""
         import stim
 
         return stim.Circuit(str(self))
+
+
+_SAMPLERS: dict[str, Callable] = {}  # the functions behind Circuit's sampler methods, by name
+
+
+def provide_samplers(compile_sampler: Callable, compile_detector_sampler: Callable,
+                     reference_sample: Callable) -> None:
+    """Give Circuit's sampler methods their functions (stabilizer/frames/sampler.py, when imported)."""
+    _SAMPLERS.update(compile_sampler=compile_sampler, compile_detector_sampler=compile_detector_sampler,
+                     reference_sample=reference_sample)
 
 
 # ---- parsing ----------------------------------------------------------------------------------------
@@ -534,7 +540,7 @@ class _Parser:
                 raise CircuitError(_unknown(name, lineno))
             ins = CircuitInstruction(canon, _parse_targets(rest, lineno, name),
                                      _parse_args(args, lineno, name), lineno, (tag or "")[1:-1])
-            _validate(ins, measured)
+            validate_instruction(ins, measured)
             circuit.operations.append(ins)
             measured += ins.num_measurements()
         return i, measured
@@ -543,7 +549,7 @@ class _Parser:
 # ---- validation -------------------------------------------------------------------------------------
 
 
-def _validate(ins: CircuitInstruction, measurements_before: int) -> None:
+def validate_instruction(ins: CircuitInstruction, measurements_before: int) -> None:
     """Raise CircuitError (naming the line and instruction) unless `ins` is valid Stim."""
     d = ins.definition
     where = (f"line {ins.line}: " if ins.line else "") + ins.name
@@ -606,7 +612,8 @@ _PLAIN_KINDS = ("unitary", "measure", "measure_reset", "reset", "noise", "pair_m
 
 
 def _check_plain(ins: CircuitInstruction, where: str):
-    """`_validate` for targets held as a qubit array (kinds that take plain qubits), vectorised."""
+    """`validate_instruction` for targets held as a qubit array (kinds that take plain qubits),
+    vectorised."""
     qs = ins.qubit_array
     if ins.definition.kind == "mpad":
         if qs.size and qs.max() > 1:
@@ -642,7 +649,7 @@ _CLASSICAL_SIDES = {"CX": (0,), "CY": (0,), "CZ": (0, 1), "XCZ": (1,), "YCZ": (1
 
 
 def _check_unitary_targets(ins: CircuitInstruction, where: str):
-    g = _gates.GATES[ins.definition.gate]
+    g = gates.GATES[ins.definition.gate]
     ts = ins.targets
     plain = all(t.is_qubit_target and not t.is_inverted_result_target for t in ts)
     if plain:  # the bulk of large circuits: only the pairs need a look

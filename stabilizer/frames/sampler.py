@@ -1,12 +1,12 @@
 """Many-shot samplers with Stim's API: `compile_sampler` (measurement records) and
 `compile_detector_sampler` (detection events and observable flips).
 
-The circuit is lowered once (`stabilizer.program`); one noiseless reference shot runs it on the
-tableau (random outcomes taken as 0), then Pauli frames run it for all shots (`stabilizer.frames`),
-in chunks so that any number of shots fits in memory. A chunk is one compiled program (key, frames,
-outputs: one dispatch; six dispatches took 1.4 of the 2.3 ms of a d = 5, 1e5-shot sample on an H100),
-compiled per chunk size and output layout: a sampler called in a second layout compiles its frames
-again (seconds on a GPU), the price of the single dispatch.
+The circuit is lowered once (`stabilizer.circuits.program`); one noiseless reference shot runs it on
+the tableau (random outcomes taken as 0), then Pauli frames run it for all shots
+(`stabilizer.frames.frames`), in chunks so that any number of shots fits in memory. A chunk is one
+compiled program (key, frames, outputs: one dispatch; six dispatches took 1.4 of the 2.3 ms of a
+d = 5, 1e5-shot sample on an H100), compiled per chunk size and output layout: a sampler called in a
+second layout compiles its frames again (seconds on a GPU), the price of the single dispatch.
 
 Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
 with little-endian bits. They are built on the device from the record (rows of bits, shots along
@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import frames as _f
-from . import program as _p
-from . import tableau as _t
-from .circuit import Circuit
+from ..circuits import program
+from ..circuits.circuit import Circuit, provide_samplers
+from ..tableau import tableau
+from . import frames
 
 _CHUNK_BYTES = None  # working-set budget of one chunk of shots; None: an eighth of device memory
 
@@ -49,11 +49,12 @@ def _device_chunk_bytes() -> int:
 def reference_sample(circuit: Circuit) -> np.ndarray:
     """A noiseless measurement record (random outcomes taken as 0), as Stim's `reference_sample`."""
     circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-    return _reference(_p.lowered(circuit))
+    return _reference(program.lowered(circuit))
 
 
-def _reference(prog: _p.Program) -> np.ndarray:
-    rec = _t.reference_record(prog.structure(), _p.device_tables(prog), prog.num_qubits, prog.num_measurements)
+def _reference(prog: program.Program) -> np.ndarray:
+    rec = tableau.reference_record(prog.structure(), program.device_tables(prog), prog.num_qubits,
+                                   prog.num_measurements)
     return np.asarray(rec, dtype=bool)
 
 
@@ -104,14 +105,14 @@ def _outputs(record, idx, invert, bit_packed: bool):
     return shot_major(transpose_words(rows), idx.shape[0], 32 * record.shape[1], bit_packed)
 
 
-@partial(jax.jit, static_argnames=_f.STATIC + ("bit_packed",), compiler_options=_f.COMPILER_OPTIONS)
+@partial(jax.jit, static_argnames=frames.STATIC + ("bit_packed",), compiler_options=frames.COMPILER_OPTIONS)
 def _chunk(structure, tables, key, counters, outputs, num_qubits, num_measurements, words, kernel, limits,
            bit_packed):
     """One chunk of shots in one program (one dispatch): its key (the sampler's key folded with the call
     count, then the chunk's first shot: counters (2,) uint32, one transfer), the frames' record, and the
     outputs (idx, invert) in Stim's layout for every shot of the chunk (padding included)."""
     key = jax.random.fold_in(jax.random.fold_in(key, counters[0]), counters[1])
-    record = _f.program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits)
+    record = frames.program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits)
     return [_outputs(record, idx, invert, bit_packed) for idx, invert in outputs]
 
 
@@ -202,7 +203,7 @@ def chunk_words(shots: int, budget: int) -> int:
     kernels can block every size)."""
     words = -(-shots // 32)
     if words <= 128:
-        return min(_p.bucket(words), budget)
+        return min(program.bucket(words), budget)
     step = max(128, 1 << (words.bit_length() - 4))
     return min(-(-words // step) * step, budget)
 
@@ -212,10 +213,10 @@ class _Sampler:
 
     def __init__(self, circuit, *, seed: int | None = None):
         self.circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-        self.program = _p.lowered(self.circuit)
+        self.program = program.lowered(self.circuit)
         self._structure = self.program.structure()
         tables = self.program.tables()
-        self._limits = _f.noise_limits(self._structure, tables)
+        self._limits = frames.noise_limits(self._structure, tables)
         with jax.enable_x64(True):  # float64 noise probabilities, whatever the global setting
             self._tables = jax.tree_util.tree_map(jnp.asarray, tables)
         self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
@@ -231,7 +232,7 @@ class _Sampler:
         so a seed gives the same shots in every layout."""
         prog = self.program
         dense = any(d is not None and d.dense for d in self._limits)
-        per_slot = 0 if _f.frame_engine("auto", 128) != "jax" else 160 if dense else 32
+        per_slot = 0 if frames.frame_engine("auto", 128) != "jax" else 160 if dense else 32
         per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + per_slot * prog.width + 160
                         + 3 * self._out_rows)
         return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
@@ -253,8 +254,8 @@ class _Sampler:
         for start, n, words in plan:
             with jax.enable_x64(True):  # the noise draws' float64 (the tables were converted under it)
                 parts = _chunk(self._structure, self._tables, self._key, np.array([self._calls, start], np.uint32),
-                               outputs, prog.num_qubits, prog.num_measurements, words, _f.frame_engine("auto", words),
-                               self._limits, bit_packed)
+                               outputs, prog.num_qubits, prog.num_measurements, words,
+                               frames.frame_engine("auto", words), self._limits, bit_packed)
             yield start, n, parts
 
     def _sample(self, shots: int, tables, bit_packed: bool, on_device: bool):
@@ -341,3 +342,6 @@ def compile_sampler(circuit, *, seed: int | None = None, skip_reference_sample: 
 
 def compile_detector_sampler(circuit, *, seed: int | None = None):
     return CompiledDetectorSampler(circuit, seed=seed)
+
+
+provide_samplers(compile_sampler, compile_detector_sampler, reference_sample)  # Circuit's sampler methods

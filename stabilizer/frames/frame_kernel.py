@@ -1,9 +1,9 @@
 """The frame program on GPUs: one Pallas kernel runs a whole op table for a block of shots.
 
-`stabilizer.frames` runs an op table as a `lax.scan` whose step is about 33 small XLA kernels and a
-read of the op kind by the host (126 us an op on an H100, where NVIDIA's cuStabilizer takes a few):
-launch and control cost, not arithmetic. Here each program of the kernel owns BLOCK_WORDS words of
-shots and walks the table's ops in order, all in one launch; a REPEAT block is a loop of launches.
+`stabilizer.frames.frames` runs an op table as a `lax.scan` whose step is about 33 small XLA kernels
+and a read of the op kind by the host (126 us an op on an H100, where NVIDIA's cuStabilizer takes a
+few): launch and control cost, not arithmetic. Here each program of the kernel owns BLOCK_WORDS words
+of shots and walks the table's ops in order, all in one launch; a REPEAT block is a loop of launches.
 
 Each op kind, for the program's block of words:
   GATE        tiles of TILE slots: gather the slots' frame rows, XOR the generators' images, scatter back
@@ -41,8 +41,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .kernels import lane_mask
-from .program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
+from ..circuits.program import CORRELATED, FEEDBACK, GATE, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes
+from ..tableau.kernels import lane_mask
 
 BLOCK_WORDS = 32  # words of shots a program owns (a 128-byte row segment)
 TILE = 32  # slots a tile
@@ -80,8 +80,8 @@ def _uniform(h0, h1):
 
 
 def tables_for_kernel(table) -> dict:
-    """A lowered op table (`stabilizer.program`) as the kernel reads it: int32 and float64 arrays, one
-    row an op (active slots come first in every op, as the lowering writes them)."""
+    """A lowered op table (`stabilizer.circuits.program`) as the kernel reads it: int32 and float64
+    arrays, one row an op (active slots come first in every op, as the lowering writes them)."""
     kind = table["kind"].astype(jnp.int32)
     probs = table["probs"].astype(jnp.float64)
     total = jnp.where(kind == NOISE, jnp.sum(probs, axis=1), probs[:, 0])
@@ -348,8 +348,8 @@ def run_table(table: dict, span, x, z, record, chain, key_data, counter, base, i
 
 
 def run_segments(structure, tables, x, z, record, key_data, interpret: bool = False):
-    """A lowered program's segments (`stabilizer.program`) on the frames and record: a kernel launch per
-    op table, a `lax.fori_loop` of launches per REPEAT. Returns the record."""
+    """A lowered program's segments (`stabilizer.circuits.program`) on the frames and record: a kernel
+    launch per op table, a `lax.fori_loop` of launches per REPEAT. Returns the record."""
     if not structure:
         return record
     table, spans = _concatenated(structure, tables)

@@ -27,7 +27,7 @@ from functools import cache
 
 import numpy as np
 
-from pauliprop import gates as _gates
+from pauliprop.circuits import gates
 
 from .circuit import (
     INSTRUCTIONS,
@@ -55,8 +55,8 @@ def canonical_gate(stim_name: str) -> str:
 @cache
 def gate_action(stim_name: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(image, sign, arity) of a unitary Stim gate: its Heisenberg action from the shared gate table."""
-    g = _gates.GATES[canonical_gate(stim_name)]
-    image, sign = _gates.clifford_action(g.matrix())
+    g = gates.GATES[canonical_gate(stim_name)]
+    image, sign = gates.clifford_action(g.matrix())
     return image.astype(np.int32), sign.astype(np.int32), g.num_qubits
 
 
@@ -89,7 +89,7 @@ def unitary_parts(ins: CircuitInstruction):
     """A unitary instruction's pairs in order: ("gate", [qubit groups]) for runs of quantum targets,
     ("feedback", target qubit, rec lookback k > 0, Pauli) for a classically controlled pair. Pairs
     controlled by sweep bits are dropped: without sweep data the bits are 0, as in Stim's samplers."""
-    arity = _gates.GATES[canonical_gate(ins.name)].num_qubits
+    arity = gates.GATES[canonical_gate(ins.name)].num_qubits
     ts = ins.targets
     quantum: list[tuple[int, ...]] = []
     for i in range(0, len(ts), arity):
@@ -125,8 +125,8 @@ def disjoint_runs(groups) -> list[list[tuple[int, ...]]]:
 def gate_tables(stim_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward image, Heisenberg image, Heisenberg sign) on two-qubit codes (a single-qubit gate acts
     on the first qubit, identity on the second)."""
-    g = _gates.GATES[canonical_gate(stim_name)]
-    fwd, _ = _gates.clifford_action(g.matrix().conj().T)
+    g = gates.GATES[canonical_gate(stim_name)]
+    fwd, _ = gates.clifford_action(g.matrix().conj().T)
     inv, sign, _ = gate_action(stim_name)
     if g.num_qubits == 1:
         codes = np.arange(16)

@@ -1,15 +1,15 @@
-"""TableauSimulator (stabilizer/simulator.py) runs Stim circuits as Stim does: every measurement
-outcome that Stim determines, we determine identically; forced to Stim's random outcomes, we end in
-Stim's state; noise channels apply the Paulis Stim's would."""
+"""TableauSimulator (stabilizer/tableau/simulator.py) runs Stim circuits as Stim does: every
+measurement outcome that Stim determines, we determine identically; forced to Stim's random outcomes,
+we end in Stim's state; noise channels apply the Paulis Stim's would."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from stabilizer.circuit import Circuit
-from stabilizer.program import disjoint_runs
-from stabilizer.simulator import TableauSimulator
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.circuits.program import disjoint_runs
+from stabilizer.tableau.simulator import TableauSimulator
 
 from .test_tableau import STIM_GATES, gate_action
 
@@ -37,7 +37,7 @@ class _Forced:
 @pytest.fixture(params=["direct", "program"])
 def path(request, monkeypatch):
     """Run circuits instruction by instruction, or as one compiled program."""
-    import stabilizer.simulator as S
+    import stabilizer.tableau.simulator as S
 
     monkeypatch.setattr(S, "PROGRAM_MIN_INSTRUCTIONS", 10**9 if request.param == "direct" else 0)
     return request.param
@@ -94,7 +94,7 @@ def _raw_outcomes(circuit: Circuit, record: list[bool], resets: bool = True) -> 
                 out.append(int(record[i] ^ a.is_inverted_result_target ^ b.is_inverted_result_target))
                 i += 1
         elif kind == "mpp":
-            from stabilizer.circuit import product_groups
+            from stabilizer.circuits.circuit import product_groups
 
             for group in product_groups(ins):
                 out.append(int(record[i] ^ (sum(t.is_inverted_result_target for t in group) % 2)))

@@ -1,11 +1,11 @@
-"""Stim circuit text (stabilizer/circuit.py): what Stim accepts we read identically; what Stim
-rejects, or we cannot simulate, is an error naming the line and the instruction."""
+"""Stim circuit text (stabilizer/circuits/circuit.py): what Stim accepts we read identically; what
+Stim rejects, or we cannot simulate, is an error naming the line and the instruction."""
 
 from __future__ import annotations
 
 import pytest
 
-from stabilizer.circuit import (
+from stabilizer.circuits.circuit import (
     INSTRUCTIONS,
     Circuit,
     CircuitError,

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..circuits.program import GATE, MEASURE, gate_catalogue, pair_codes, run_segments
 from . import kernels
-from .frames import pack
-from .program import GATE, MEASURE, gate_catalogue, pair_codes, run_segments
+from .kernels import pack
 
 WORD = 32
 
@@ -505,7 +505,7 @@ def measure_many_z(t: Tableau, qubits, active, random_results, kernel: str = "au
     return _measure_many_inner(t, qubits, active, random_results, kernel)
 
 
-# ---- a lowered program (stabilizer.program) on the tableau ----------------------------------------
+# ---- a lowered program (stabilizer.circuits.program) on the tableau -------------------------------
 
 class _Carry(NamedTuple):
     t: Tableau

@@ -1,4 +1,4 @@
-"""Samplers (stabilizer/sampler.py): outcome distributions and detector rates equal Stim's within
+"""Samplers (stabilizer/frames/sampler.py): outcome distributions and detector rates equal Stim's within
 sampling noise, noiseless codes never fire, and outputs follow Stim's layouts: the bit-packed, bool
 and on-device outputs are the same shots, whatever the shot count and chunking."""
 
@@ -9,14 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import stabilizer.sampler as S
-from stabilizer import kernels
-from stabilizer.circuit import Circuit
-from stabilizer.sampler import (
+import stabilizer.frames.sampler as S
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.frames.sampler import (
     compile_detector_sampler,
     compile_sampler,
     reference_sample,
 )
+from stabilizer.tableau import kernels
 
 stim = pytest.importorskip("stim")
 

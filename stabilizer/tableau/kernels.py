@@ -1,5 +1,5 @@
 """The tableau's Pallas kernels for the GPU hot loops, each beside the pure-JAX rule it replaces
-(the frames' kernel is `stabilizer.frame_kernel`), and the kernel mode every runner reads.
+(the frames' kernel is `stabilizer.frames.frame_kernel`), and the kernel mode every runner reads.
 
 * `prepend_rows`: a window of gates on disjoint qubits prepended to the inverse tableau. Each
   program owns one gate and one block of words: it loads the gate's rows (T(X_a), T(Z_a), ...),
@@ -15,7 +15,7 @@
   program 0 can plan the next block meanwhile (one launch a block: the plan, one long program on one
   SM, hides behind the apply).
 
-The pure-JAX versions (`stabilizer.tableau`) run everywhere; these run on GPUs
+The pure-JAX versions (`stabilizer.tableau.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
 Both read their rows before writing them and no two active gates share a row, so updating in place
 is safe; inactive slots (padding) do nothing.
@@ -74,6 +74,13 @@ def _popcount(v):
 def lane_mask(bit):
     """0 or ~0 as uint32 from 0/1 int32 values (the frame kernel uses it too)."""
     return (jnp.int32(0) - bit).astype(jnp.uint32)
+
+
+def pack(bits) -> jax.Array:
+    """(..., b) bool or 0/1, b <= 32 -> (...) uint32, entry j at bit j (the tableau's measurement blocks
+    and the frames' noise planes use it)."""
+    return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(bits.shape[-1], dtype=jnp.uint32), axis=-1,
+                   dtype=jnp.uint32)
 
 
 # ---- tableau: prepend a window of gates --------------------------------------------------------------

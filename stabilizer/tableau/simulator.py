@@ -15,19 +15,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import program as _p
-from . import tableau as _t
-from .circuit import (
+from ..circuits import program
+from ..circuits.circuit import (
     INSTRUCTIONS,
     Circuit,
     CircuitInstruction,
     CircuitRepeatBlock,
     GateTarget,
-    _validate,
     canonical_name,
     product_groups,
+    validate_instruction,
 )
-from .program import (
+from ..circuits.program import (
     PAIRS,
     bucket,
     disjoint_runs,
@@ -35,6 +34,7 @@ from .program import (
     noise_probabilities,
     unitary_parts,
 )
+from . import tableau
 
 _PAULI_FLIPS = {"X": (True, False), "Y": (True, True), "Z": (False, True)}  # (x part, z part)
 # circuits with at least this many instructions (repeats counted) run as one compiled program
@@ -57,7 +57,7 @@ class TableauSimulator:
     def __init__(self, *, seed: int | None = None, num_qubits: int = 0):
         self._rng = np.random.default_rng(seed)
         self._n = 0
-        self._tableau = _t.identity(num_qubits + 1)
+        self._tableau = tableau.identity(num_qubits + 1)
         self._record: list[bool] = []
         self._chain_fired = False  # an E / ELSE_CORRELATED_ERROR chain has fired
         self.set_num_qubits(num_qubits)
@@ -69,7 +69,7 @@ class TableauSimulator:
 
     def set_num_qubits(self, n: int) -> None:
         if n > self._n:
-            self._tableau = _t.grow(self._tableau, n + 1)  # + 1: the compiled path's spare qubit
+            self._tableau = tableau.grow(self._tableau, n + 1)  # + 1: the compiled path's spare qubit
             self._n = n
 
     def _ensure(self, qubits: Iterable[int]) -> None:
@@ -86,9 +86,9 @@ class TableauSimulator:
         for run in disjoint_runs(groups):
             size = bucket(len(run))
             qubits = np.array(run + [run[0]] * (size - len(run)), np.int32).reshape(size, arity)
-            self._tableau = _t.prepend(self._tableau, jnp.asarray(qubits), jnp.asarray(np.tile(image, (size, 1))),
-                                       jnp.asarray(np.tile(sign, (size, 1))), jnp.arange(size) < len(run),
-                                       arity=arity)
+            images, signs = jnp.asarray(np.tile(image, (size, 1))), jnp.asarray(np.tile(sign, (size, 1)))
+            self._tableau = tableau.prepend(self._tableau, jnp.asarray(qubits), images, signs,
+                                            jnp.arange(size) < len(run), arity=arity)
 
     def _paulis(self, flips: Iterable[tuple[int, str]]) -> None:
         """Prepend Paulis given as (qubit, 'X'|'Y'|'Z') pairs (noise, feedback); repeats compose."""
@@ -102,13 +102,13 @@ class TableauSimulator:
             a, b = _PAULI_FLIPS[p]
             xf[q] ^= a
             zf[q] ^= b
-        self._tableau = _t.flip_signs(self._tableau, jnp.asarray(xf), jnp.asarray(zf))
+        self._tableau = tableau.flip_signs(self._tableau, jnp.asarray(xf), jnp.asarray(zf))
 
     # ---- measurement -----------------------------------------------------------------------------
     def _measure_z(self, q: int) -> bool:
         self._ensure([q])
         guess = bool(self._rng.integers(2))
-        self._tableau, result, _ = _t.measure_z(self._tableau, jnp.int32(q), jnp.bool_(guess))
+        self._tableau, result, _ = tableau.measure_z(self._tableau, jnp.int32(q), jnp.bool_(guess))
         return bool(result)
 
     def _basis_in(self, basis: str, qubits: Sequence[int]) -> None:
@@ -157,8 +157,8 @@ class TableauSimulator:
 
         self._ensure([q])
         guess = bool(self._rng.integers(2))
-        self._tableau, result, was_random, xs, zs = _t.measure_kickback_z(self._tableau, jnp.int32(q),
-                                                                           jnp.bool_(guess))
+        self._tableau, result, was_random, xs, zs = tableau.measure_kickback_z(self._tableau, jnp.int32(q),
+                                                                                jnp.bool_(guess))
         self._record.append(bool(result))
         if not bool(was_random):
             return bool(result), None
@@ -184,7 +184,7 @@ class TableauSimulator:
         """+1 or -1 when Z_q is determined, 0 when measuring it would be random."""
         if q >= self._n:
             return 1
-        return int(_t.peek_z(self._tableau, jnp.int32(q)))
+        return int(tableau.peek_z(self._tableau, jnp.int32(q)))
 
     def peek_x(self, q: int) -> int:
         return self._peek("X", q)
@@ -241,7 +241,7 @@ class TableauSimulator:
                 self.do(item.body)
         elif isinstance(item, CircuitInstruction):
             if item.line == 0:  # built in code: not checked by the parser yet
-                _validate(item, len(self._record))
+                validate_instruction(item, len(self._record))
             self._do_instruction(item)
         elif type(item).__module__.startswith("stim") and type(item).__name__ == "PauliString":
             self._paulis((q, "_XYZ"[p]) for q, p in enumerate(item) if p)  # its sign is a global phase
@@ -253,13 +253,14 @@ class TableauSimulator:
     do_circuit = do
 
     def _do_program(self, circuit: Circuit) -> None:
-        """Run a whole circuit as one compiled scan (stabilizer.program) on the current tableau."""
+        """Run a whole circuit as one compiled scan (stabilizer.circuits.program) on the current
+        tableau."""
         self.set_num_qubits(circuit.num_qubits)
-        prog = _p.lowered(circuit, spare=self._n, merge_gates=True)  # set_num_qubits keeps room for the spare
-        structure, tables = prog.structure(), _p.device_tables(prog)
+        prog = program.lowered(circuit, spare=self._n, merge_gates=True)  # set_num_qubits keeps room for the spare
+        structure, tables = prog.structure(), program.device_tables(prog)
         guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
         key = jax.random.key(int(self._rng.integers(2**62)))
-        self._tableau, record = _t.run_program(structure, tables, self._tableau, guesses, key, noisy=True)
+        self._tableau, record = tableau.run_program(structure, tables, self._tableau, guesses, key, noisy=True)
         self._record.extend(np.asarray(record).tolist())
 
     def _do_instruction(self, ins: CircuitInstruction) -> None:

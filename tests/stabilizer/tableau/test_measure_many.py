@@ -1,6 +1,6 @@
-"""Many Z measurements at once (stabilizer/tableau.py, `measure_many_z` and MEASURE ops in blocks):
-the same outcomes and tableau as one collapse at a time, Stim's deterministic outcomes and state,
-fair random outcomes that respect every Z-type stabilizer, and a state that then stays put."""
+"""Many Z measurements at once (stabilizer/tableau/tableau.py, `measure_many_z` and MEASURE ops in
+blocks): the same outcomes and tableau as one collapse at a time, Stim's deterministic outcomes and
+state, fair random outcomes that respect every Z-type stabilizer, and a state that then stays put."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stabilizer import tableau as T
-from stabilizer.circuit import Circuit
-from stabilizer.simulator import TableauSimulator
+from stabilizer.circuits.circuit import Circuit
+from stabilizer.tableau import tableau as T
+from stabilizer.tableau.simulator import TableauSimulator
 
 from .test_simulator import _Forced, _raw_outcomes
 
@@ -76,7 +76,7 @@ def test_blocks_equal_one_collapse_at_a_time(n, seed, depth):
 @pytest.fixture
 def program(monkeypatch):
     """Circuits run as one compiled program (where MEASURE ops go in blocks)."""
-    import stabilizer.simulator as S
+    import stabilizer.tableau.simulator as S
 
     monkeypatch.setattr(S, "PROGRAM_MIN_INSTRUCTIONS", 0)
 

@@ -9,7 +9,7 @@ Outcomes are reference XOR flips; detectors and observables are parities of flip
 section 5: the reference shot is not optional).
 
 Words are uint32 of 32 shots; x and z have shape (num_qubits + 1, words) (the last row is the
-lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.program`): on GPUs as
+lowering's spare qubit). `run_program` runs a lowered circuit (`stabilizer.circuits.program`): on GPUs as
 `frame_kernel`'s Pallas kernel (one launch an op table), elsewhere as one scan of the op rules below.
 
 Noise is drawn sparsely, as Stim does: the gaps between hit bit positions are geometric, so a draw
@@ -35,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import frame_kernel, kernels
-from .program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from ..circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from ..tableau import kernels
+from ..tableau.kernels import pack
+from . import frame_kernel
 
 
 class Frames(NamedTuple):
@@ -50,12 +52,6 @@ def zeros(num_qubits: int, words: int) -> Frames:
 
 def random_bits(key, shape) -> jax.Array:
     return jax.random.bits(key, shape, jnp.uint32)
-
-
-def pack(bits) -> jax.Array:
-    """(..., b) bool or 0/1, b <= 32 -> (...) uint32, entry j at bit j."""
-    return jnp.sum(bits.astype(jnp.uint32) << jnp.arange(bits.shape[-1], dtype=jnp.uint32), axis=-1,
-                   dtype=jnp.uint32)
 
 
 # ---- noise: which bit positions an event hits, and which event ------------------------------------
@@ -209,7 +205,7 @@ def noise_limits(structure, tables) -> tuple:
     return tuple(limit(r) for r in runs)
 
 
-# ---- a lowered program (stabilizer.program) over all shots of a chunk -----------------------------
+# ---- a lowered program (stabilizer.circuits.program) over all shots of a chunk --------------------
 
 class _Carry(NamedTuple):
     f: Frames

@@ -1,5 +1,5 @@
-"""The tableau's Pallas kernels (stabilizer/kernels.py), compiled on a GPU and interpreted on the CPU: each equals
-the pure-JAX rule it replaces, bit for bit, and through it Stim's results."""
+"""The tableau's Pallas kernels (stabilizer/tableau/kernels.py), compiled on a GPU and interpreted on the CPU:
+each equals the pure-JAX rule it replaces, bit for bit, and through it Stim's results."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from pauliprop import gates as G
 from stabilizer import Circuit
-from stabilizer import kernels as K
-from stabilizer import tableau as T
-from stabilizer.program import gate_action, lowered
-from stabilizer.simulator import TableauSimulator
+from stabilizer.circuits.program import gate_action, lowered
+from stabilizer.tableau import kernels as K
+from stabilizer.tableau import tableau as T
+from stabilizer.tableau.simulator import TableauSimulator
 
 stim = pytest.importorskip("stim")
 
