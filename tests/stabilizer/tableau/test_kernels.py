@@ -240,6 +240,21 @@ def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
         np.testing.assert_array_equal((got >> bit) & 1 == 1, np.asarray(getattr(want, name)))
 
 
+def _assert_blocks_equal_one_collapse_at_a_time(t, order, guesses) -> list[bool]:
+    """measure_many_z by the kernels on the qubits `order` equals measure_z one qubit at a time with the
+    same random choices: outcomes and tableau. Returns the outcomes."""
+    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
+    for q, g in zip(order, guesses):
+        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
+        outs.append(bool(r))
+    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.asarray(order, jnp.int32),
+                                     jnp.ones(len(order), bool), jnp.asarray(guesses), kernel=KERNEL)
+    assert [bool(o) for o in np.asarray(outcomes)] == outs
+    for a, b in zip(got, seq):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    return outs
+
+
 def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
     """All qubits of a random 70-qubit state measured in blocks by the kernels: the outcomes and the
     tableau of `measure_z` one qubit at a time with the same random choices."""
@@ -247,15 +262,7 @@ def test_measure_all_through_the_kernels_equals_one_collapse_at_a_time():
     t, _, _, _ = _measured_rows(70, 4)
     order = rng.permutation(70).astype(np.int32)
     guesses = rng.random(70) < 0.5
-    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
-    for q, g in zip(order, guesses):
-        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
-        outs.append(bool(r))
-    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.asarray(order), jnp.ones(70, bool),
-                                     jnp.asarray(guesses), kernel=KERNEL)
-    assert [bool(o) for o in np.asarray(outcomes)] == outs
-    for a, b in zip(got, seq):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _assert_blocks_equal_one_collapse_at_a_time(t, order, guesses)
 
 
 def test_measure_all_in_order_of_a_partly_product_state_equals_one_collapse_at_a_time():
@@ -268,15 +275,8 @@ def test_measure_all_in_order_of_a_partly_product_state_equals_one_collapse_at_a
     n = 128
     t = _tableau("H " + " ".join(map(str, range(32))) + "\n" + _state_text(n, rng, 4, deterministic=32), n)
     guesses = rng.random(n) < 0.5
-    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
-    for q, g in enumerate(guesses):
-        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
-        outs.append(bool(r))
-    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.arange(n, dtype=jnp.int32),
-                                     jnp.ones(n, bool), jnp.asarray(guesses), kernel=KERNEL)
-    assert [bool(o) for o in np.asarray(outcomes)] == outs and outs[:32] == guesses[:32].tolist()
-    for a, b in zip(got, seq):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    outs = _assert_blocks_equal_one_collapse_at_a_time(t, np.arange(n), guesses)
+    assert outs[:32] == guesses[:32].tolist()
 
 
 def test_measure_all_of_an_entangled_state_keeps_every_measured_row_up_to_date():
@@ -289,16 +289,7 @@ def test_measure_all_of_an_entangled_state_keeps_every_measured_row_up_to_date()
     rng = np.random.default_rng(21)
     n = 64
     t = _tableau(_state_text(n, rng, 20), n)
-    guesses = rng.random(n) < 0.5
-    seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
-    for q, g in enumerate(guesses):
-        seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
-        outs.append(bool(r))
-    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.arange(n, dtype=jnp.int32),
-                                     jnp.ones(n, bool), jnp.asarray(guesses), kernel=KERNEL)
-    assert [bool(o) for o in np.asarray(outcomes)] == outs
-    for a, b in zip(got, seq):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _assert_blocks_equal_one_collapse_at_a_time(t, np.arange(n), rng.random(n) < 0.5)
 
 
 def test_measure_blocks_of_padding_slots_change_nothing():
