@@ -323,6 +323,12 @@ def plan_width(words: int) -> int:
     return 1 << max(0, (words - 1).bit_length())
 
 
+def _plan_padded(rows):
+    """Rows (b, W) with zero words up to plan_width(W), as the plan's program holds them."""
+    w = rows.shape[1]
+    return jnp.pad(rows, ((0, 0), (0, plan_width(w) - w)))
+
+
 @partial(jax.jit, static_argnames=("interpret",))
 def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
     """The rule of tableau._plan_block in one program: the measured rows xs, zs (b, W) collapsed in
@@ -331,7 +337,6 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
     2 fix, 3 outcome). Rows are padded to a power of two words for the program (zero words)."""
     b, w = xs.shape
     wp = plan_width(w)
-    pad = lambda a: jnp.pad(a, ((0, 0), (0, wp - w)))
     pivot, kmask, flags = pl.pallas_call(
         partial(_plan_kernel, packed_counts=32 * wp < PACKED_COUNTS_BITS),
         grid=(1,),
@@ -339,7 +344,7 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
                    jax.ShapeDtypeStruct((b,), jnp.int32)),
         compiler_params=plgpu.CompilerParams(num_warps=PLAN_WARPS, num_stages=1),
         interpret=interpret,
-    )(pad(xs), pad(zs), signs, active, guesses)
+    )(_plan_padded(xs), _plan_padded(zs), signs, active, guesses)
     return pivot, kmask[:, :w], flags
 
 
@@ -493,8 +498,8 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, lookahead=None, int
     (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged, which are not
     read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign flips).
 
-    lookahead: the next block's measured rows as they are before this apply, (xs, zs) (b', plan_width(W))
-    uint32 and (signs, active, guesses) (b',) int32 as plan_rows takes them: the same launch also
+    lookahead: the next block's measured rows as they are before this apply, (xs, zs, signs, active,
+    guesses) as plan_rows takes them: the same launch also
     plans that block on them after this apply, and returns (xs, zs, flip, (pivot, kmask, flags)) as
     plan_rows does."""
     r, w = xs.shape
@@ -507,6 +512,7 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, lookahead=None, int
     packed, warps = False, APPLY_WARPS
     if lookahead is not None:
         nx, nz, signs, active, guesses = lookahead
+        nx, nz = _plan_padded(nx), _plan_padded(nz)
         nb_, wp = nx.shape
         if nb_ % APPLY_ROWS:
             raise ValueError(f"the next block's {nb_} rows are not a multiple of APPLY_ROWS = {APPLY_ROWS}")

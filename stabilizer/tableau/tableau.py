@@ -317,15 +317,19 @@ def _plan_from_kernel(pivot, kmask, flags) -> _Plan:
     return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
 
 
+def _plan_args(rows: Tableau, active, guesses):
+    """A block's measured rows and choices as kernels.plan_rows takes them (flags as int32 0/1)."""
+    as_int = lambda v: v.astype(jnp.int32)
+    return rows.xs, rows.zs, as_int(rows.signs), as_int(active), as_int(guesses)
+
+
 def _plan_block(rows: Tableau, active, guesses, kernel: str = "jax") -> _Plan:
     """Step 1: collapse the measured rows (rows (b, W): row j is T(Z_q_j)) in order. kernel: as in
     `prepend` (the Pallas plan is one program; its use_yz is not this rule's where not random)."""
     b, w = rows.xs.shape
     mode = kernels.kernel_mode(kernel, w)
     if mode != "jax":
-        as_int = lambda v: v.astype(jnp.int32)
-        return _plan_from_kernel(*kernels.plan_rows(rows.xs, rows.zs, as_int(rows.signs), as_int(active),
-                                                    as_int(guesses), interpret=mode == "interpret"))
+        return _plan_from_kernel(*kernels.plan_rows(*_plan_args(rows, active, guesses), interpret=mode == "interpret"))
     plan = _Plan(jnp.zeros(b, jnp.int32), jnp.zeros((b, w), jnp.uint32), jnp.zeros(b, bool), jnp.zeros(b, bool),
                  jnp.zeros(b, bool), jnp.zeros(b, bool))
 
@@ -429,12 +433,8 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
 def _apply_and_plan(t: Tableau, plan: _Plan, skip, rows: Tableau, active, guesses, interpret: bool):
     """Step 2 of a block on the kernel path, with step 1 of the next block (measured rows `rows`,
     taken before this step) in the same launch (kernels.apply_rows's lookahead). Returns (t, plan)."""
-    w = t.xs.shape[1]
-    pad = lambda a: jnp.pad(a, ((0, 0), (0, kernels.plan_width(w) - w)))
-    as_int = lambda v: v.astype(jnp.int32)
-    lookahead = (pad(rows.xs), pad(rows.zs), as_int(rows.signs), as_int(active), as_int(guesses))
-    xs, zs, flip, planned = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, _replay(plan, w)), skip,
-                                               lookahead=lookahead, interpret=interpret)
+    xs, zs, flip, planned = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, _replay(plan, t.xs.shape[1])), skip,
+                                               lookahead=_plan_args(rows, active, guesses), interpret=interpret)
     return Tableau(xs, zs, t.signs ^ (flip == 1)), _plan_from_kernel(*planned)
 
 
