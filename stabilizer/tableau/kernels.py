@@ -216,7 +216,7 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # program 0 applies the block to a copy of the next block's measured rows and plans that block.
 
 PLAN_WARPS = 16  # on an H100 (synthetic 32 x 384-word rows): 16 warps 295 us, 8 328 us, 4 632 us
-PACKED_COUNTS_BITS = 1 << 15  # rows of fewer bits: the plan packs two counts of a row's bits in one int32
+PACKED_COUNTS_BITS = 1 << 14  # rows of at most this many bits: the plan packs its per-row sums in one int32
 # The apply's shape, from sweeps of measure-all at 10,000 qubits on an H100 (2026-11-26; every block's
 # apply launch also planning the next block, ms for the whole measurement; rows, words, warps): 32, 32,
 # 16: 65.0; 32, 32, 8: 71.9; 32, 32, 32: 77.1; 16, 32, 8: 92.2; 8, 32, 8: 123; 32, 64, 16: 87.5;
@@ -236,8 +236,12 @@ def _pick(mask, values, axis=None):
 
 
 def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts):
-    """The plan (see plan_rows) of the rows xs_ref, zs_ref (b, W), their signs `signs` (b,) int32."""
-    b, w = xs_ref.shape
+    """The plan (see plan_rows) of the measured rows held transposed, xs_ref, zs_ref (W, b): word w of row
+    j at [w, j], so a row's words lie across the warps and the b rows across a warp's lanes. Picking row
+    j's words, or row j's entry of a per-row vector, is then a shuffle within a warp; only the pivot
+    search and the per-row sums cross warps (a step's time is its chain of reductions across warps).
+    signs (b,) int32."""
+    w, b = xs_ref.shape
     row = jnp.arange(b, dtype=jnp.int32)
     col = jnp.arange(w, dtype=jnp.int32)
     one = jnp.uint32(1)
@@ -245,50 +249,54 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
     def collapse(j, carry):
         x, z, signs, pivots, flags = carry
         at_j = row == j
-        xj = _pick(at_j[:, None], x, axis=0)  # (w,) the measured row's x words
-        # the pivot, its lowest x column, in one reduction (a step's time is its chain of reductions)
+        xj = _pick(at_j[None, :], x, axis=1)  # (w,) the measured row's x words
+        # the pivot, its lowest x column, in one reduction
         lowest = xj & (jnp.uint32(0) - xj)
         first = jnp.min(jnp.where(xj != 0, col * 32 + _popcount(lowest - one), 32 * w))
         random = (active_ref[j] != 0) & (first < 32 * w)
         w0 = jnp.where(random, first // 32, w)  # no word where nothing collapses
-        bit = jnp.where(random, first % 32, 0)
-        km = jnp.where(col == w0, xj ^ (one << bit.astype(jnp.uint32)), jnp.where(random, xj, jnp.uint32(0)))
-        at_w = (col == w0)[None, :]
+        bit = jnp.where(random, first % 32, 0).astype(jnp.uint32)
+        km = jnp.where(col == w0, xj ^ (one << bit), jnp.where(random, xj, jnp.uint32(0)))
+        at_w = (col == w0)[:, None]
 
-        # each row's x and z bits at the pivot, in one reduction
-        at_pivot = _pick(at_w, ((x >> bit.astype(jnp.uint32)) & one) | (((z >> bit.astype(jnp.uint32)) & one) << 1),
-                         axis=1)
-        xp, zp = at_pivot & one, at_pivot >> 1
         # CX(pivot, k) for k in km on every row (tableau._fan_out_jax). A CNOT circuit maps X^x Z^z to
         # X^x' Z^z' with no phase, so a row's sign flips when its Y count changes by 2 mod 4; a row with
         # an x at the pivot gains a Y where it has z and not x under km, loses one where it has both,
-        # and its pivot's Y follows z: counts a and b of those two, packed in one reduction
-        kz = z & km[None, :]
+        # and its pivot's Y follows z: counts a and b of those two, and each row's x and z bits at the
+        # pivot, in one sum where the counts fit 14 bits (a + b < 32 W)
+        kz = z & km[:, None]
+        at_pivot = ((x >> bit) & one) | (((z >> bit) & one) << 1)
         if packed_counts:
-            ab = jnp.sum(_popcount(kz & ~x) + (_popcount(kz & x) << 16), axis=1, dtype=jnp.int32)
-            a, b_ = ab & 0xFFFF, ab >> 16
+            ab = jnp.sum(_popcount(kz & ~x) + (_popcount(kz & x) << 14)
+                         + jnp.where(at_w, at_pivot.astype(jnp.int32) << 28, 0), axis=0, dtype=jnp.int32)
+            a, b_, at_pivot = ab & 0x3FFF, (ab >> 14) & 0x3FFF, ((ab >> 28) & 3).astype(jnp.uint32)
         else:
-            a = jnp.sum(_popcount(kz & ~x), axis=1, dtype=jnp.int32)
-            b_ = jnp.sum(_popcount(kz & x), axis=1, dtype=jnp.int32)
+            a = jnp.sum(_popcount(kz & ~x), axis=0, dtype=jnp.int32)
+            b_ = jnp.sum(_popcount(kz & x), axis=0, dtype=jnp.int32)
+            at_pivot = _pick(at_w, at_pivot, axis=0)
+        xp, zp = at_pivot & one, at_pivot >> 1
         zpar = ((a + b_) & 1).astype(jnp.uint32)
         gained = a - b_ + (zp ^ zpar).astype(jnp.int32) - zp.astype(jnp.int32)
         signs = signs ^ jnp.where(xp == 1, ((gained & 3) == 2).astype(jnp.int32), 0)
-        x = x ^ (km[None, :] & (jnp.uint32(0) - xp)[:, None])
+        x = x ^ (km[:, None] & (jnp.uint32(0) - xp)[None, :])
         bz = zp ^ zpar  # the pivot's z bit after the fan-out
-        use_yz = _pick(at_j, bz) == 1
+        # the measured row's pivot z bit and sign, in one pick
+        mine = _pick(at_j, bz.astype(jnp.int32) | (signs << 1))
+        use_yz = (mine & 1) == 1
         # H (X^a Z^c -> (-1)^ac X^c Z^a) or H_YZ (-> (-1)^(a & ~c) X^(a^c) Z^c) on the pivot, if random
         nx = jnp.where(use_yz, xp ^ bz, bz)
         nz = jnp.where(use_yz, bz, xp)
-        gate_flip = jnp.where(use_yz, xp & ~bz, xp & bz) & one
+        gate_flip = (jnp.where(use_yz, xp & ~bz, xp & bz) & one).astype(jnp.int32)
         nx, nz = jnp.where(random, nx, xp), jnp.where(random, nz, bz)
-        signs = signs ^ jnp.where(random, gate_flip.astype(jnp.int32), 0)
-        keep = ~(one << bit.astype(jnp.uint32))
-        shifted = lambda v: (v << bit.astype(jnp.uint32))[:, None]
+        signs = signs ^ jnp.where(random, gate_flip, 0)
+        keep = ~(one << bit)
+        shifted = lambda v: (v << bit)[None, :]
         x = jnp.where(at_w, (x & keep) | shifted(nx), x)
         z = jnp.where(at_w, (z & keep) | shifted(nz), z)
         # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot (the
-        # measured row itself is then +-Z there, so its outcome is its sign, flipped by the fix)
-        sign = _pick(at_j, signs)
+        # measured row itself is then +-Z there, so its outcome is its sign, flipped by the fix). The
+        # measured row has x at the pivot and takes H where bz is 0, H_YZ where 1: no gate flip
+        sign = mine >> 1
         fix = random & (sign != guesses_ref[j])
         signs = signs ^ jnp.where(fix, nz.astype(jnp.int32), 0)
         kmask_ref[pl.ds(j, 1), :] = km[None, :]
@@ -324,9 +332,13 @@ def plan_width(words: int) -> int:
 
 
 def _plan_padded(rows):
-    """Rows (b, W) with zero words up to plan_width(W), as the plan's program holds them."""
+    """Rows (b, W) with zero words up to plan_width(W)."""
     w = rows.shape[1]
     return jnp.pad(rows, ((0, 0), (0, plan_width(w) - w)))
+
+
+def _packed_counts(words: int) -> bool:
+    return 32 * words <= PACKED_COUNTS_BITS
 
 
 @partial(jax.jit, static_argnames=("interpret",))
@@ -334,17 +346,18 @@ def plan_rows(xs, zs, signs, active, guesses, interpret: bool = False):
     """The rule of tableau._plan_block in one program: the measured rows xs, zs (b, W) collapsed in
     order (active (b,), the outcome each random one takes guesses (b,), signs (b,), all int32 0/1).
     Returns (pivot (b,) int32, kmask (b, W) uint32, flags (b,) int32: bit 0 random, 1 use_yz,
-    2 fix, 3 outcome). Rows are padded to a power of two words for the program (zero words)."""
+    2 fix, 3 outcome). The program holds the rows padded to a power of two words (zero words) and
+    transposed (_plan_program)."""
     b, w = xs.shape
     wp = plan_width(w)
     pivot, kmask, flags = pl.pallas_call(
-        partial(_plan_kernel, packed_counts=32 * wp < PACKED_COUNTS_BITS),
+        partial(_plan_kernel, packed_counts=_packed_counts(w)),
         grid=(1,),
         out_shape=(jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b, wp), jnp.uint32),
                    jax.ShapeDtypeStruct((b,), jnp.int32)),
         compiler_params=plgpu.CompilerParams(num_warps=PLAN_WARPS, num_stages=1),
         interpret=interpret,
-    )(_plan_padded(xs), _plan_padded(zs), signs, active, guesses)
+    )(_plan_padded(xs).T, _plan_padded(zs).T, signs, active, guesses)
     return pivot, kmask[:, :w], flags
 
 
@@ -379,7 +392,7 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
     no launch of its own and overlaps this one's apply."""
     if lookahead:
         (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, signs_ref, active_ref, guesses_ref, _, _, _, _,
-         xs_ref, zs_ref, flip_ref, nx_ref, nz_ref, nflip_ref, pivot_ref, kmask_ref, flags_ref) = refs
+         xs_ref, zs_ref, flip_ref, nx_ref, nz_ref, nflip_ref, pivot_ref, kmask_ref, flags_ref, tx_ref, tz_ref) = refs
     else:
         steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, _, _, xs_ref, zs_ref, flip_ref = refs
     apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, b=b, nb=nb, bw=bw)
@@ -407,8 +420,11 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
             return carry
 
         lax.fori_loop(0, nx_ref.shape[0] // APPLY_ROWS, next_rows, 0)
-        sync()  # the plan reads rows other threads wrote
-        _plan_program(nx_ref, nz_ref, signs_ref[...] ^ nflip_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref,
+        sync()  # the rows other threads wrote, transposed for the plan
+        tx_ref[...] = nx_ref[...].T
+        tz_ref[...] = nz_ref[...].T
+        sync()
+        _plan_program(tx_ref, tz_ref, signs_ref[...] ^ nflip_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref,
                       flags_ref, packed_counts=packed_counts)
 
     @pl.when(program > 0)
@@ -520,8 +536,9 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, lookahead=None, int
         aliases = {9: 0, 10: 1, 11: 3, 12: 4}
         out_shape += [jax.ShapeDtypeStruct(nx.shape, nx.dtype), jax.ShapeDtypeStruct(nz.shape, nz.dtype),
                       jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_,), jnp.int32),
-                      jax.ShapeDtypeStruct((nb_, wp), jnp.uint32), jax.ShapeDtypeStruct((nb_,), jnp.int32)]
-        packed, warps, extra = 32 * wp < PACKED_COUNTS_BITS, LOOKAHEAD_WARPS, 1
+                      jax.ShapeDtypeStruct((nb_, wp), jnp.uint32), jax.ShapeDtypeStruct((nb_,), jnp.int32),
+                      jax.ShapeDtypeStruct((wp, nb_), jnp.uint32), jax.ShapeDtypeStruct((wp, nb_), jnp.uint32)]
+        packed, warps, extra = _packed_counts(w), LOOKAHEAD_WARPS, 1
     args += [xs, zs] + ([nx, nz] if lookahead is not None else [])
     sync = (lambda: None) if interpret else plgpu.debug_barrier
     out = pl.pallas_call(
@@ -535,5 +552,5 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, lookahead=None, int
     )(*args)
     if lookahead is None:
         return out
-    xs, zs, flip, _, _, _, pivot, kmask, flags = out
+    xs, zs, flip, _, _, _, pivot, kmask, flags, _, _ = out
     return xs, zs, flip, (pivot, kmask[:, :w], flags)
