@@ -215,18 +215,22 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # its x words). A MEASURE op runs the first plan alone, then one launch a block: the apply, whose
 # program 0 applies the block to a copy of the next block's measured rows and plans that block.
 
-PLAN_WARPS = 16  # on an H100 (synthetic 32 x 384-word rows): 16 warps 295 us, 8 328 us, 4 632 us
+PLAN_WARPS = 8  # on an H100 (the first block of a 10,000-qubit state, rows transposed): 4 386 us, 8 130, 16 140, 32 164
 PACKED_COUNTS_BITS = 1 << 14  # rows of at most this many bits: the plan packs its per-row sums in one int32
-# The apply's shape, from sweeps of measure-all at 10,000 qubits on an H100 (2026-11-26; every block's
-# apply launch also planning the next block, ms for the whole measurement; rows, words, warps): 32, 32,
+# The apply's shape, from sweeps of measure-all at 10,000 qubits on an H100 (2026-11-26, before the plan
+# was transposed; every block's apply launch also planning the next block, ms for the whole measurement;
+# rows, words, warps): 32, 32,
 # 16: 65.0; 32, 32, 8: 71.9; 32, 32, 32: 77.1; 16, 32, 8: 92.2; 8, 32, 8: 123; 32, 64, 16: 87.5;
 # 16, 64, 16: 79.5; three pipeline stages as two. 64 rows a program (without the lookahead) gave wrong
 # rows on the GPU, cause not found: a shape is trusted once the kernel tests pass on a GPU with it.
 APPLY_WARPS = 4  # an apply launch alone (the last block of a MEASURE op)
 APPLY_ROWS = 32  # rows an apply program owns
-APPLY_WORDS = 32  # words an apply program's passes load at a time (rows x words x 32 accumulators)
+APPLY_WORDS = 32  # words an apply program's parity pass loads at a time (rows x words x 32 accumulators)
+# its rewrite of the x words, a wider tile (measure-all at 10,000 qubits, 2026-11-26, the plan transposed,
+# 8 warps: 32 words 60.1 ms, 64 56.7, 128 56.9; 1, 2 or 3 pipeline stages the same; 16 warps 59.3)
+REWRITE_WORDS = 64
 APPLY_STAGES = 2  # Triton's software pipelining of the passes' loads
-LOOKAHEAD_WARPS = 16  # an apply launch that also plans the next block (one num_warps for both parts)
+LOOKAHEAD_WARPS = 8  # an apply launch that also plans the next block (one num_warps for both parts)
 
 
 def _pick(mask, values, axis=None):
@@ -472,18 +476,21 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, z
     # (tables_ref row 256 g + v: the XOR of fan-outs 8g + i for the set bits i of v); count Ys
     groups = [(256 * g + ((controls >> jnp.uint32(8 * g)) & 255).astype(jnp.int32))[:, None] for g in range(b // 8)]
 
-    def rewrite(k, ys):
-        cols = words_at(k)
-        at = k * bw + jnp.arange(bw, dtype=jnp.int32)[None, :]
+    rw = min(REWRITE_WORDS, nb * bw)  # the rewrite's tile: no accumulators of fan-outs, so wider
+
+    def rewrite(k, ys):  # ys: Ys before less Ys after off the pivots, summed over words at the end
+        cols = pl.ds(k * rw, rw)
+        at = k * rw + jnp.arange(rw, dtype=jnp.int32)[None, :]
         xw, zw = xs_ref[block, cols], zs_ref[block, cols]
         new = xw
         for g in groups:
             new = new ^ tables_ref[g, at]
         xs_ref[block, cols] = new
         off = ~pmask_ref[cols][None, :]
-        return ys + jnp.sum(_popcount(xw & zw) - _popcount(new & zw & off), axis=1, dtype=jnp.int32)
+        return ys + _popcount(xw & zw) - _popcount(new & zw & off)
 
-    ys = lax.fori_loop(0, nb, rewrite, jnp.zeros(APPLY_ROWS, jnp.int32))
+    ys = lax.fori_loop(0, nb * bw // rw, rewrite, jnp.zeros((APPLY_ROWS, rw), jnp.int32))
+    ys = jnp.sum(ys, axis=1, dtype=jnp.int32)
 
     # the pivot columns take their new bits: slot s writes its pivot's whole word with the new bits of
     # every distinct pivot in that word, so slots sharing a word write the same value (one scatter)
