@@ -16,6 +16,8 @@ Every instruction becomes windows of up to K slots on disjoint qubits, of six ki
 
 REPEAT blocks stay loops: a program is a list of segments, each an op table or a (count, program)
 repeat. Record positions are offsets from the running measurement count, so a loop body is one table.
+The tableau's programs also cut their longest runs of one op kind out as Runs (`split_runs`), which
+scan that kind's op with no switch over kinds.
 Slot padding uses the spare qubit (index num_qubits) and the scratch record row; their contents are
 never read back.
 """
@@ -23,7 +25,7 @@ never read back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 
@@ -344,6 +346,69 @@ class Repeat:
     body: tuple  # segments
 
 
+@dataclass(frozen=True)
+class Run:
+    """Consecutive ops of one kind cut out of an op table (`split_runs`)."""
+
+    kind: int
+    table: dict
+
+
+# A Run is one more compiled scan body, and the rest of its table after it one more (the switch's):
+# compile time grows with the Runs, not with depth, so a program gets at most MAX_RUNS, those that run
+# the most ops, each at least MIN_RUN ops long.
+MIN_RUN = 16
+MAX_RUNS = 4
+
+
+def _rows(table: dict, start: int, stop: int) -> dict:
+    return {name: a[start:stop] for name, a in table.items()}
+
+
+def split_runs(segments: tuple, min_run: int = MIN_RUN, max_runs: int = MAX_RUNS) -> tuple:
+    """The segments with up to `max_runs` runs of at least `min_run` consecutive ops of one kind cut out
+    of their tables as Runs: those that run the most ops (a repeat's body counted `count` times, ties
+    in program order). The same ops in the same order.
+
+    Why: on GPUs the switch of a table's scan step copies its index to the host and waits, every op,
+    and its branches copy what they pass through (100 gate layers on 10,000 qubits: 14 ms, of it
+    5.2 ms gate kernels; H100); a Run's step calls its kind's op directly."""
+    tables, found = [], []  # tables in walk order; found: (ops run, table number, start, stop)
+
+    def find(segs, times):
+        for s in segs:
+            if isinstance(s, Repeat):
+                find(s.body, times * s.count)
+                continue
+            cuts = (np.flatnonzero(np.diff(s["kind"])) + 1).tolist()
+            found.extend(((b - a) * times, len(tables), a, b)
+                         for a, b in zip([0] + cuts, cuts + [len(s["kind"])]) if b - a >= min_run)
+            tables.append(s)
+
+    find(segments, 1)
+    cut: dict[int, list[tuple[int, int]]] = {}
+    for _, i, a, b in sorted(found, key=lambda r: -r[0])[:max_runs]:
+        cut.setdefault(i, []).append((a, b))
+    numbers = iter(range(len(tables)))
+
+    def rebuild(segs):
+        out = []
+        for s in segs:
+            if isinstance(s, Repeat):
+                out.append(Repeat(s.count, rebuild(s.body)))
+                continue
+            done = 0
+            for a, b in sorted(cut.get(next(numbers), [])):
+                out += [_rows(s, done, a)] if a > done else []
+                out.append(Run(int(s["kind"][a]), _rows(s, a, b)))
+                done = b
+            n = len(s["kind"])
+            out += [s if done == 0 else _rows(s, done, n)] if done < n else []
+        return tuple(out)
+
+    return rebuild(segments)
+
+
 @dataclass
 class Program:
     """Segments (op tables and Repeats), the slot width, sizes and the detector/observable index lists."""
@@ -361,24 +426,31 @@ class Program:
         return self.num_qubits
 
     def structure(self) -> tuple:
-        """The static shape of the segments, hashable for jit: "table" or ("repeat", count, inner)."""
+        """The static shape of the segments, hashable for jit: "table", ("run", kind) or
+        ("repeat", count, inner)."""
+        def shape(s):
+            if isinstance(s, Repeat):
+                return "repeat", s.count, walk(s.body)
+            return ("run", s.kind) if isinstance(s, Run) else "table"
+
         def walk(segs):
-            return tuple(("repeat", s.count, walk(s.body)) if isinstance(s, Repeat) else "table" for s in segs)
+            return tuple(shape(s) for s in segs)
 
         return walk(self.segments)
 
     def tables(self):
         """The op tables in segment order (a pytree of numpy arrays; the structure is static)."""
         def walk(segs):
-            return [walk(s.body) if isinstance(s, Repeat) else s for s in segs]
+            return [walk(s.body) if isinstance(s, Repeat) else s.table if isinstance(s, Run) else s for s in segs]
 
         return walk(self.segments)
 
 
-def lower(circuit: Circuit, spare: int | None = None, merge_gates: bool = False) -> Program:
+def lower(circuit: Circuit, spare: int | None = None, merge_gates: bool = False, runs: bool = False) -> Program:
     """Lower a circuit to a Program (see the module docstring). `spare`: the padding qubit, by default
     num_qubits (a simulator with more qubits passes its own count); merge_gates: one GATE op for all
-    gates on disjoint qubits between two other ops (a random layer of 11 gate kinds: one op, not 11)."""
+    gates on disjoint qubits between two other ops (a random layer of 11 gate kinds: one op, not 11);
+    runs: with Runs (`split_runs`; the frames' kernel and noise_limits read tables and repeats only)."""
     n = circuit.num_qubits if spare is None else spare
     if n < circuit.num_qubits:
         raise ValueError(f"spare qubit {n} is used by the circuit ({circuit.num_qubits} qubits)")
@@ -406,8 +478,10 @@ def lower(circuit: Circuit, spare: int | None = None, merge_gates: bool = False)
     def tabulate(segs):
         return tuple(Repeat(s.count, tabulate(s.body)) if isinstance(s, Repeat) else _table(s, width, n) for s in segs)
 
+    segs = tabulate(raw)
     detectors, observables = _detector_indices(circuit)
-    return Program(tabulate(raw), width, n, circuit.num_measurements, detectors, observables, merge_gates)
+    return Program(split_runs(segs) if runs else segs, width, n, circuit.num_measurements, detectors, observables,
+                   merge_gates)
 
 
 def _fingerprint(circuit: Circuit) -> tuple:
@@ -416,15 +490,15 @@ def _fingerprint(circuit: Circuit) -> tuple:
                  for op in circuit.operations)
 
 
-def lowered(circuit: Circuit, spare: int | None = None, merge_gates: bool = False) -> Program:
-    """`lower(circuit, spare, merge_gates)`, cached on the circuit until its instructions change."""
+def lowered(circuit: Circuit, spare: int | None = None, merge_gates: bool = False, runs: bool = False) -> Program:
+    """`lower(circuit, spare, merge_gates, runs)`, cached on the circuit until its instructions change."""
     fingerprint = _fingerprint(circuit)
-    key = (spare, merge_gates, fingerprint)
+    key = (spare, merge_gates, runs, fingerprint)
     cache = circuit.__dict__.setdefault("_lowered", {})
     if key not in cache:
-        for stale in [k for k in cache if k[2] != fingerprint]:
+        for stale in [k for k in cache if k[-1] != fingerprint]:
             del cache[stale]
-        cache[key] = lower(circuit, spare, merge_gates)
+        cache[key] = lower(circuit, spare, merge_gates, runs)
     return cache[key]
 
 
@@ -441,24 +515,27 @@ def device_tables(prog: Program):
 def run_segments(structure, tables, carry, ops, key, read=None, write=None):
     """Run a program's segments on `carry` (which has a `counter` field): each table is one
     `lax.scan` whose step switches to ops[kind](read(carry, row), row, fold_in(key, counter)) and puts
-    the result back with write(carry, row, result); each repeat is a `lax.fori_loop`. By default an op
-    takes and returns the whole carry; a runner with a large carry reads and writes only an op's rows,
-    since every branch returns a copy of what it passes through. (Switching over only the kinds a
-    table holds made GPU compiles of the surface code 7x slower, 42 s against 6 s, for no run-time
-    gain: measured on an H100, 2026-11-22.)"""
+    the result back with write(carry, row, result); a Run's scan calls its ops[kind] with no switch;
+    each repeat is a `lax.fori_loop`. By default an op takes and returns the whole carry; a runner
+    with a large carry reads and writes only an op's rows, since every branch returns a copy of what
+    it passes through. (Switching over only the kinds a table holds made GPU compiles of the surface
+    code 7x slower, 42 s against 6 s, for no run-time gain: measured on an H100, 2026-11-22.)"""
     import jax
     from jax import lax
 
     read = read or (lambda c, row: c)
     write = write or (lambda c, row, result: result)
 
-    def step(c, row):
-        result = lax.switch(row["kind"], ops, read(c, row), row, jax.random.fold_in(key, c.counter))
+    def step(c, row, kind=None):
+        args = read(c, row), row, jax.random.fold_in(key, c.counter)
+        result = lax.switch(row["kind"], ops, *args) if kind is None else ops[kind](*args)
         return write(c, row, result)._replace(counter=c.counter + 1), None
 
     for shape, table in zip(structure, tables):
         if shape == "table":
             carry, _ = lax.scan(step, carry, table)
+        elif shape[0] == "run":
+            carry, _ = lax.scan(partial(step, kind=shape[1]), carry, table)
         else:
             _, count, inner = shape
             carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table:

@@ -1,9 +1,13 @@
 """Lowering circuits to op tables (stabilizer/circuits/program.py): the gate catalogue is the shared
 gate table's, a merged lowering puts every gate on disjoint qubits between two other ops into one op
 and keeps the order of gates that share a qubit, and the tableau run of a merged program equals the
-unmerged one bit for bit (which the simulator and kernel tests hold to Stim)."""
+unmerged one bit for bit (which the simulator and kernel tests hold to Stim); cutting runs of one op
+kind out as Runs keeps the ops, their order and the run bit for bit, stays within its bound, and
+takes the switch out of a Run's scan."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -81,3 +85,133 @@ def test_lowered_caches_each_variant_until_the_circuit_changes():
     assert P.lowered(c) is plain and P.lowered(c, merge_gates=True) is merged and plain is not merged
     c.append("S", [1])
     assert P.lowered(c) is not plain and len(c._lowered) == 1
+
+
+def _mixed_circuit(rng, n: int) -> Circuit:
+    """Stretches of 1 to 25 ops of one kind (gate layers that share qubits, noise ops, measurements),
+    resets, feedback, E / ELSE chains and MPAD between them, and REPEAT blocks of such stretches."""
+    q = lambda: int(rng.integers(n))
+
+    def stretch():
+        length = int(rng.integers(1, 26))
+        pair = lambda: " ".join(map(str, rng.permutation(n)[:2]))
+        return [
+            [f"CX {' '.join(map(str, rng.permutation(n)[:8]))}\nH_YZ {q()}" for _ in range(length)],
+            [f"DEPOLARIZE1(0.2) {q()}\nPAULI_CHANNEL_2(0.1,0,0.1,0,0,0.1,0,0,0,0,0,0,0,0.1,0.1) {pair()}"
+             for _ in range(length)],
+            [f"M({rng.random() * 0.2:.2f}) {'!' if rng.random() < 0.3 else ''}{q()}" for _ in range(length)],
+            [f"MR {q()}\nCX rec[-1] {q()}\nE(0.3) X{q()}\nELSE_CORRELATED_ERROR(0.5) Y{q()}\nMPAD 1 0\nH {q()}"],
+        ][rng.integers(4)]
+
+    lines = []
+    for _ in range(int(rng.integers(3, 7))):
+        if rng.random() < 0.3:
+            body = stretch() + stretch()
+            lines.append(f"REPEAT {int(rng.integers(2, 4))} {{\n" + "\n".join(body) + "\nM 0\n}")
+        else:
+            lines += stretch()
+    return Circuit("H 0 1 2 3\n" + "\n".join(lines))
+
+
+def _joined(segments):
+    """The segments with each stretch of tables and Runs between repeats joined into one table (as
+    lists), and repeats as (count, joined body): the same for a program and its split."""
+    out, tables = [], []
+    for s in segments + (None,):
+        if isinstance(s, (dict, P.Run)):
+            tables.append(s.table if isinstance(s, P.Run) else s)
+            continue
+        if tables:
+            out.append({k: np.concatenate([t[k] for t in tables]).tolist() for k in tables[0]})
+            tables = []
+        if isinstance(s, P.Repeat):
+            out.append((s.count, _joined(s.body)))
+    return out
+
+
+def _runs(segments):
+    for s in segments:
+        if isinstance(s, P.Repeat):
+            yield from _runs(s.body)
+        elif isinstance(s, P.Run):
+            yield s
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_split_runs_keeps_the_ops_in_order(seed):
+    """The same ops in the same order; each Run is at least min_run ops of its kind, at most max_runs."""
+    rng = np.random.default_rng(seed)
+    prog = P.lower(_mixed_circuit(rng, 9), merge_gates=bool(seed % 2))
+    min_run, max_runs = int(rng.integers(2, 8)), int(rng.integers(1, 9))
+    split = P.split_runs(prog.segments, min_run, max_runs)
+    assert _joined(split) == _joined(prog.segments)
+    runs = list(_runs(split))
+    assert 0 < len(runs) <= max_runs
+    for r in runs:
+        assert len(r.table["kind"]) >= min_run and (r.table["kind"] == r.kind).all()
+
+
+def _layers(count: int) -> str:
+    """`count` gate layers, each sharing qubit 0 with the last: `count` GATE ops in a merged lowering."""
+    return "\n".join("CX 0 1\nS 2" if i % 2 else "H 0 1 2\nCX 3 4" for i in range(count))
+
+
+def test_a_program_gets_at_most_max_runs_those_that_run_the_most_ops():
+    """Ten runs of 17 to 26 gate layers, one of 16 in a loop run 5 times and one of 15: the loop's
+    (80 ops run) and the three longest are cut out, the rest stay in their tables."""
+    text = "\n".join(f"{_layers(length)}\nM 0" for length in range(17, 27))
+    circuit = Circuit(text + f"\nREPEAT 5 {{\n{_layers(P.MIN_RUN)}\nM 1\n}}\n{_layers(P.MIN_RUN - 1)}")
+    prog = P.lower(circuit, merge_gates=True, runs=True)
+    assert P.MAX_RUNS == 4
+    runs = list(_runs(prog.segments))
+    assert [len(r.table["kind"]) for r in runs] == [24, 25, 26, P.MIN_RUN]
+    assert {r.kind for r in runs} == {P.GATE}
+    assert _joined(prog.segments) == _joined(P.lower(circuit, merge_gates=True).segments)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_split_program_gives_the_unsplit_tableau_and_record(seed):
+    """Random circuits of mixed op kinds with REPEAT blocks, run noiseless (even seeds) and noisy (odd):
+    with Runs (of 3 ops or more, up to 6) the final tableau and record equal the unsplit program's."""
+    rng = np.random.default_rng(seed)
+    circuit = _mixed_circuit(rng, 9)
+    prog = P.lower(circuit, merge_gates=True)
+    split = dataclasses.replace(prog, segments=P.split_runs(prog.segments, min_run=3, max_runs=6))
+    assert len(list(_runs(split.segments))) > 1
+    guesses = jnp.asarray(rng.random(prog.num_measurements) < 0.5)
+    run = lambda p: T.run_program(p.structure(), P.device_tables(p), T.identity(10), guesses, jax.random.key(seed),
+                                  noisy=bool(seed % 2), kernel="jax")
+    (t1, r1), (t2, r2) = run(prog), run(split)
+    np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
+    for a, b in zip(t1, t2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _scans(jaxpr):
+    """(length, whether a cond is inside) of every scan in a jaxpr, nested ones included."""
+    def subs(eqn):
+        for v in eqn.params.values():
+            for x in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(x, "jaxpr", x)
+                if hasattr(inner, "eqns"):
+                    yield inner
+
+    def eqns(j):
+        for e in j.eqns:
+            yield e
+            for sub in subs(e):
+                yield from eqns(sub)
+
+    return [(e.params["length"], any(i.primitive.name == "cond" for s in subs(e) for i in eqns(s)))
+            for e in eqns(jaxpr) if e.primitive.name == "scan"]
+
+
+def test_a_run_of_gate_layers_scans_without_the_switch():
+    """The simulator's lowering of 40 gate layers and a measurement: the layers are one scan with no
+    conditional in its step (the measurement's table keeps its switch)."""
+    prog = P.lowered(Circuit(_layers(40) + "\nM 0 1"), spare=8, merge_gates=True, runs=True)
+    assert prog.structure() == (("run", P.GATE), "table")
+    run = lambda tables: T.run_program(prog.structure(), tables, T.identity(9), jnp.zeros(2, bool),
+                                       jax.random.key(0), noisy=True, kernel="jax")
+    scans = _scans(jax.make_jaxpr(run)(P.device_tables(prog)).jaxpr)
+    assert [s for s in scans if s[0] == 40] == [(40, False)] and (1, True) in scans
