@@ -253,10 +253,10 @@ class TableauSimulator:
     do_circuit = do
 
     def _do_program(self, circuit: Circuit) -> None:
-        """Run a whole circuit as one compiled scan (stabilizer.circuits.program) on the current
-        tableau."""
-        self.set_num_qubits(circuit.num_qubits)
-        prog = program.lowered(circuit, spare=self._n, merge_gates=True)  # set_num_qubits keeps room for the spare
+        """Run a whole circuit as one compiled program (stabilizer.circuits.program: its tables as
+        scans, long runs of one op kind without the switch over kinds) on the current tableau."""
+        self.set_num_qubits(circuit.num_qubits)  # keeps room for the spare
+        prog = program.lowered(circuit, spare=self._n, merge_gates=True, runs=True)
         structure, tables = prog.structure(), program.device_tables(prog)
         guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
         key = jax.random.key(int(self._rng.integers(2**62)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stabilizer.circuits.circuit import Circuit
-from stabilizer.circuits.program import disjoint_runs
+from stabilizer.circuits.program import GATE, disjoint_runs
 from stabilizer.tableau.simulator import TableauSimulator
 
 from .test_tableau import STIM_GATES, gate_action
@@ -106,7 +106,24 @@ def _raw_outcomes(circuit: Circuit, record: list[bool], resets: bool = True) -> 
 def test_random_circuits_with_measurement_reset_and_feedback_follow_stim(seed, path):
     rng = np.random.default_rng(seed)
     n = 6 if seed % 3 else 40  # a register across the 32-bit word boundary too
-    text = _random_circuit(rng, n, 60)
+    _follows_stim(_random_circuit(rng, n, 60), n, seed, path)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_long_gate_runs_follow_stim(seed, path):
+    """Stretches of 40 gate layers between measurements: the compiled path scans them as Runs."""
+    rng = np.random.default_rng(seed)
+    n = 6
+    layer = lambda: f"CX {' '.join(map(str, rng.permutation(n)[:4]))}\n{STIM_GATES[rng.integers(len(STIM_GATES))]} 0 1"
+    stretches = ["\n".join(layer() for _ in range(40)) for _ in range(3)]
+    circuit = _follows_stim("\nM 0 2\nMR 3\n".join(stretches) + "\nM 0 1 2 3 4 5", n, seed, path)
+    if path == "program":
+        (prog,) = circuit._lowered.values()
+        assert prog.structure().count(("run", GATE)) == 3
+
+
+def _follows_stim(text: str, n: int, seed: int, path: str) -> Circuit:
+    """The simulator, forced to Stim's random outcomes, gives Stim's record and state: the circuit it ran."""
     circuit = Circuit(text)
     ref = stim.TableauSimulator(seed=seed)
     ref.set_num_qubits(n)
@@ -119,6 +136,7 @@ def test_random_circuits_with_measurement_reset_and_feedback_follow_stim(seed, p
     check = stim.TableauSimulator()
     check.set_inverse_tableau(sim.current_inverse_tableau())
     assert check.canonical_stabilizers() == ref.canonical_stabilizers()
+    return circuit
 
 
 def test_peeks_equal_stims():
