@@ -389,6 +389,71 @@ def replay_collapse(x, z, controls, phase, j, zk_bit, s, on, use_yz, fix, kp):
     return x, z, controls, phase + jnp.where(on, d, 0)
 
 
+TABLE_FANOUTS = 8  # fan-outs one lookup table of the apply combines (256 entries)
+REPLAY_WORDS = 128  # words a replay_inputs program builds
+
+
+def _replay_kernel(pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, *, cw):
+    """Program (g, c): the pivot columns of the block (each program works them out: a few (b, b)
+    comparisons), the fan-outs TABLE_FANOUTS g.. off the pivots in words c cw.., and their table."""
+    g, c = pl.program_id(0), pl.program_id(1)
+    b = pivot_ref.shape[0]
+    one = jnp.uint32(1)
+    p, flags = pivot_ref[...], flags_ref[...]
+    random = (flags & 1) == 1
+    slots = jnp.arange(b, dtype=jnp.int32)
+    # a pivot column may recur in a block: its bits live at the slot of its first collapse
+    same = (p[:, None] == p[None, :]) & random[:, None] & random[None, :]
+    slot = jnp.where(random, jnp.min(jnp.where(same, slots[None, :], b), axis=1), 0)
+    first = random & (slot == slots)
+    word, shift = p // 32, (p % 32).astype(jnp.uint32)
+    pivot_bits = jnp.where(first, one << shift, jnp.uint32(0))
+    col = c * cw + jnp.arange(cw, dtype=jnp.int32)
+    pmask = _pick(word[None, :] == col[:, None], jnp.broadcast_to(pivot_bits[None, :], (cw, b)), axis=1)
+    cols = pl.ds(c * cw, cw)
+    entry = jnp.arange(256, dtype=jnp.int32)
+    table = jnp.zeros((256, cw), jnp.uint32)
+    for i in range(TABLE_FANOUTS):
+        j = g * TABLE_FANOUTS + i
+        kext = kmask_ref[j, cols] & ~pmask
+        kext_ref[j, cols] = kext
+        table = table ^ jnp.where(((entry >> i) & 1)[:, None] == 1, kext[None, :], jnp.uint32(0))
+    tables_ref[pl.ds(g * 256, 256), cols] = table
+
+    @pl.when(g == 0)
+    def _():
+        pmask_ref[cols] = pmask
+
+    @pl.when((g == 0) & (c == 0))
+    def _():
+        for k, v in enumerate((word, shift.astype(jnp.int32), first.astype(jnp.int32), slot, flags & 7)):
+            steps_ref[k, :] = v
+        # fan-out j's bits at the distinct pivot columns, as slot bits
+        at = (kmask_ref[slots[:, None], word[None, :]] >> shift[None, :]) & one
+        kp_ref[...] = jnp.sum(jnp.where(first[None, :], at << slots.astype(jnp.uint32)[None, :], jnp.uint32(0)),
+                              axis=1, dtype=jnp.uint32)
+
+
+@partial(jax.jit, static_argnames=("interpret",))
+def replay_inputs(pivot, kmask, flags, interpret: bool = False):
+    """apply_rows's block arguments from a plan (pivot (b,), kmask (b, W), flags (b,) as plan_rows
+    returns them), in one launch: (steps, kp, kext, tables, pmask), as tableau._replay makes them."""
+    b, w = kmask.shape
+    cw = min(w, REPLAY_WORDS)
+    if b % TABLE_FANOUTS or block_words(w) is None:
+        raise ValueError(f"a block of {b} fan-outs of {w} words cannot be blocked")
+    return pl.pallas_call(
+        partial(_replay_kernel, cw=cw),
+        grid=(b // TABLE_FANOUTS, w // cw),
+        out_shape=(jax.ShapeDtypeStruct((5, b), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.uint32),
+                   jax.ShapeDtypeStruct((b, w), jnp.uint32),
+                   jax.ShapeDtypeStruct((b // TABLE_FANOUTS * 256, w), jnp.uint32),
+                   jax.ShapeDtypeStruct((w,), jnp.uint32)),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+    )(pivot, flags, kmask)
+
+
 def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
     """Programs of APPLY_ROWS rows apply the block (skipping those `skip` names). With `lookahead`,
     program 0 instead applies it to the next block's measured rows (a copy taken before this launch)

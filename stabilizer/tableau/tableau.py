@@ -279,8 +279,9 @@ def peek_z(t: Tableau, q):
 #    of the pivots' H, H_YZ and X), all read from the pivot words.
 #
 # The result is bit for bit the tableau of the sequential rule with the same random outcomes. On GPUs
-# both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows), checked against these rules;
-# there a block's apply launch also plans the next block (`_apply_and_plan`), so the plan's one long
+# both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows, whose inputs kernels.replay_inputs
+# makes from the plan in one launch), checked against these rules;
+# there a block's apply launch also plans the next block (`_apply_planned`), so the plan's one long
 # program runs beside the apply's many instead of after them.
 
 MEASURE_BLOCK = 32  # targets planned together: a row's bits at their pivots fill one uint32
@@ -315,6 +316,12 @@ def _plan_from_kernel(pivot, kmask, flags) -> _Plan:
     """A plan as kernels.plan_rows returns it (flags: bit 0 random, 1 use_yz, 2 fix, 3 outcome)."""
     bit = lambda i: (flags >> i) & 1 == 1
     return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
+
+
+def _plan_for_kernel(plan: _Plan):
+    """The inverse of _plan_from_kernel: (pivot, kmask, flags)."""
+    flags = sum(v.astype(jnp.int32) << i for i, v in enumerate((plan.random, plan.use_yz, plan.fix, plan.outcome)))
+    return plan.pivot, plan.kmask, flags
 
 
 def _plan_args(rows: Tableau, active, guesses):
@@ -375,13 +382,6 @@ def _replay(plan: _Plan, words: int) -> _Replay:
     return _Replay(word, shift, first, slot, pivot_bits, pmask, kext, kp, tables)
 
 
-def _kernel_inputs(plan: _Plan, r: _Replay):
-    """apply_rows's arguments after the tableau: steps, kp, kext, tables, pmask."""
-    flags = plan.random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
-    steps = jnp.stack([r.word, r.shift.astype(jnp.int32), r.first.astype(jnp.int32), r.slot.astype(jnp.int32), flags])
-    return steps, r.kp, r.kext, jnp.concatenate(r.tables), r.pmask
-
-
 def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tableau:
     """Step 2: the planned collapses on every row of t, in one pass (see the section comment). kernel:
     as in `prepend` (the Pallas kernel, kernels.apply_rows); skip (R / kernels.APPLY_ROWS,) int32,
@@ -389,13 +389,12 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
     computes them anyway: the same bits)."""
     b = plan.pivot.shape[0]
     slots = jnp.arange(b)
-    r = _replay(plan, t.xs.shape[1])
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode != "jax":
         if skip is None:
             skip = jnp.zeros(t.xs.shape[0] // kernels.APPLY_ROWS, jnp.int32)
-        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, r), skip, interpret=mode == "interpret")
-        return Tableau(xs, zs, t.signs ^ (flip == 1))
+        return _apply_planned(t, _plan_for_kernel(plan), skip, mode == "interpret")
+    r = _replay(plan, t.xs.shape[1])
     p, random = plan.pivot, plan.random
     xo = pack(_columns(t.xs, p) * r.first)  # (R,) each row's bits at the pivots
     zo = pack(_columns(t.zs, p) * r.first)
@@ -430,12 +429,17 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
     return Tableau(xs, zs, t.signs ^ flip)
 
 
-def _apply_and_plan(t: Tableau, plan: _Plan, skip, rows: Tableau, active, guesses, interpret: bool):
-    """Step 2 of a block on the kernel path, with step 1 of the next block (measured rows `rows`,
-    taken before this step) in the same launch (kernels.apply_rows's lookahead). Returns (t, plan)."""
-    xs, zs, flip, planned = kernels.apply_rows(t.xs, t.zs, *_kernel_inputs(plan, _replay(plan, t.xs.shape[1])), skip,
-                                               lookahead=_plan_args(rows, active, guesses), interpret=interpret)
-    return Tableau(xs, zs, t.signs ^ (flip == 1)), _plan_from_kernel(*planned)
+def _apply_planned(t: Tableau, planned, skip, interpret: bool, lookahead=None):
+    """Step 2 on the kernel path, from a plan as the kernels return it (pivot, kmask, flags): two launches,
+    kernels.replay_inputs and kernels.apply_rows. With `lookahead` (the next block's measured rows,
+    taken before this step, and its choices: _plan_args), the apply launch also plans that block;
+    returns (t, its plan as the kernels return it)."""
+    inputs = kernels.replay_inputs(*planned, interpret=interpret)
+    if lookahead is None:
+        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, *inputs, skip, interpret=interpret)
+        return Tableau(xs, zs, t.signs ^ (flip == 1))
+    xs, zs, flip, following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, lookahead=lookahead, interpret=interpret)
+    return Tableau(xs, zs, t.signs ^ (flip == 1)), following
 
 
 def _settled(t: Tableau):
@@ -464,9 +468,10 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     part = lambda a, i: lax.dynamic_slice_in_dim(a, i * b, b)
     measured = lambda t, i: Tableau(*(a[n + part(qubits, i)] for a in t))
     outcomes = jnp.zeros(k + pad, bool)
-    record = lambda outcomes, plan, i: lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode == "jax":
+        record = lambda outcomes, plan, i: lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
+
         def block(i, carry):
             t, outcomes = carry
             plan = _plan_block(measured(t, i), part(active, i), part(guesses, i), kernel)
@@ -481,19 +486,22 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     # block; the kernels skip empty blocks), each block's apply launch but the last also planning the
     # next block. Rows no collapse of the op reads or changes are skipped (a measured row is not among
     # them once collapsed: it is Z at its pivot times Zs elsewhere, and later fan-outs change its z bits).
+    # Plans stay as the kernels return them (pivot, kmask, flags).
+    interpret = mode == "interpret"
     settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1)
-    skip = lambda plan: (settled_blocks | ~jnp.any(plan.random)).astype(jnp.int32)
+    skip = lambda planned: (settled_blocks | ~jnp.any((planned[2] & 1) == 1)).astype(jnp.int32)
+    outcome = lambda planned: (planned[2] >> 3) & 1 == 1
+    plan_args = lambda t, i: _plan_args(measured(t, i), part(active, i), part(guesses, i))
 
     def block(i, carry):
-        t, outcomes, plan = carry
-        t, following = _apply_and_plan(t, plan, skip(plan), measured(t, i + 1), part(active, i + 1),
-                                       part(guesses, i + 1), mode == "interpret")
-        return t, record(outcomes, plan, i), following
+        t, outcomes, planned = carry
+        t, following = _apply_planned(t, planned, skip(planned), interpret, lookahead=plan_args(t, i + 1))
+        return t, lax.dynamic_update_slice_in_dim(outcomes, outcome(planned), i * b, 0), following
 
-    plan = _plan_block(measured(t, 0), part(active, 0), part(guesses, 0), kernel)
-    t, outcomes, plan = lax.fori_loop(0, blocks - 1, block, (t, outcomes, plan))
-    t = _apply_block(t, plan, kernel, skip(plan))
-    return t, record(outcomes, plan, blocks - 1)[:k]
+    planned = kernels.plan_rows(*plan_args(t, 0), interpret=interpret)
+    t, outcomes, planned = lax.fori_loop(0, blocks - 1, block, (t, outcomes, planned))
+    t = _apply_planned(t, planned, skip(planned), interpret)
+    return t, lax.dynamic_update_slice_in_dim(outcomes, outcome(planned), (blocks - 1) * b, 0)[:k]
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))

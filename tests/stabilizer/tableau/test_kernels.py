@@ -190,8 +190,9 @@ def test_apply_launch_that_plans_the_next_block_equals_apply_then_plan(n, seed):
     skip = jnp.zeros(t.xs.shape[0] // K.APPLY_ROWS, jnp.int32)
     applied = T._apply_block(copy(t), plan, KERNEL, skip)
     want = T._plan_block(T.Tableau(*(a[following] for a in applied)), f_active, f_guesses, KERNEL)
-    got_t, got_plan = T._apply_and_plan(copy(t), plan, skip, T.Tableau(*(a[following] for a in t)), f_active,
-                                        f_guesses, interpret=KERNEL == "interpret")
+    got_t, got_plan = T._apply_planned(copy(t), T._plan_for_kernel(plan), skip, KERNEL == "interpret",
+                                       lookahead=T._plan_args(T.Tableau(*(a[following] for a in t)), f_active, f_guesses))
+    got_plan = T._plan_from_kernel(*got_plan)
     for a, b in zip(applied, got_t):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for name, a, b in zip(want._fields, want, got_plan):
@@ -222,6 +223,29 @@ def test_plan_kernel_equals_the_pure_rule_on_any_rows(seed, words, span):
         a, b_ = np.asarray(a), np.asarray(b_)
         np.testing.assert_array_equal(a[random] if name == "use_yz" else a, b_[random] if name == "use_yz" else b_,
                                       err_msg=name)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 4, 256]), st.sampled_from([1, 8, 1000]))
+def test_replay_inputs_kernel_equals_the_pure_rule(seed, words, columns):
+    """Any plan (pivots in the first `columns` columns, so few columns make them recur; some collapses
+    not random; fan-out masks anywhere; rows of one to several of the kernel's word blocks): the
+    kernel's steps, pivot bits of the fan-outs, fan-outs off the pivots, tables and pivot mask equal
+    tableau._replay's."""
+    rng = np.random.default_rng(seed)
+    b = T.MEASURE_BLOCK
+    random = rng.random(b) < 0.8
+    pivot = np.where(random, rng.integers(0, min(columns, 32 * words), b), 0).astype(np.int32)
+    kmask = np.where(random[:, None], rng.integers(0, 2**32, (b, words), dtype=np.uint64), 0).astype(np.uint32)
+    bits = lambda: jnp.asarray(rng.random(b) < 0.5)
+    plan = T._Plan(jnp.asarray(pivot), jnp.asarray(kmask), bits(), bits(), jnp.asarray(random), bits())
+    r = T._replay(plan, words)
+    flags = plan.random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
+    steps = jnp.stack([r.word, r.shift.astype(jnp.int32), r.first.astype(jnp.int32), r.slot.astype(jnp.int32), flags])
+    want = steps, r.kp, r.kext, jnp.concatenate(r.tables), r.pmask
+    got = K.replay_inputs(*T._plan_for_kernel(plan), interpret=KERNEL == "interpret")
+    for name, a, b_ in zip(("steps", "kp", "kext", "tables", "pmask"), want, got):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b_), err_msg=name)
 
 
 def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
