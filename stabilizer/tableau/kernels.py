@@ -390,7 +390,7 @@ def replay_collapse(x, z, controls, phase, j, zk_bit, s, on, use_yz, fix, kp):
 
 
 TABLE_FANOUTS = 8  # fan-outs one lookup table of the apply combines (256 entries)
-REPLAY_WORDS = 128  # words a replay_inputs program builds
+REPLAY_WORDS = 32  # words a replay_inputs program builds (10,000 qubits on an H100: 32 54.0 ms, 128 56.2)
 
 
 def _replay_kernel(pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, *, cw):
