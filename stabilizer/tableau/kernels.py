@@ -250,7 +250,7 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
     col = jnp.arange(w, dtype=jnp.int32)
     one = jnp.uint32(1)
 
-    def collapse(j, carry):
+    def collapse(j, carry):  # the program is bound by its issue rate: few operations on the (w, b) arrays
         x, z, signs, pivots, flags = carry
         at_j = row == j
         xj = _pick(at_j[None, :], x, axis=1)  # (w,) the measured row's x words
@@ -258,51 +258,49 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         lowest = xj & (jnp.uint32(0) - xj)
         first = jnp.min(jnp.where(xj != 0, col * 32 + _popcount(lowest - one), 32 * w))
         random = (active_ref[j] != 0) & (first < 32 * w)
-        w0 = jnp.where(random, first // 32, w)  # no word where nothing collapses
         bit = jnp.where(random, first % 32, 0).astype(jnp.uint32)
-        km = jnp.where(col == w0, xj ^ (one << bit), jnp.where(random, xj, jnp.uint32(0)))
-        at_w = (col == w0)[:, None]
+        pcol = jnp.where(random & (col == first // 32), one << bit, jnp.uint32(0))  # (w,) the pivot's bit
+        km = jnp.where(random, xj ^ pcol, jnp.uint32(0))  # the fan-out's columns
 
         # CX(pivot, k) for k in km on every row (tableau._fan_out_jax). A CNOT circuit maps X^x Z^z to
         # X^x' Z^z' with no phase, so a row's sign flips when its Y count changes by 2 mod 4; a row with
         # an x at the pivot gains a Y where it has z and not x under km, loses one where it has both,
-        # and its pivot's Y follows z: counts a and b of those two, and each row's x and z bits at the
-        # pivot, in one sum where the counts fit 14 bits (a + b < 32 W)
+        # and its pivot's Y follows z: the counts of z under km (a + b) and of z and x under km (b),
+        # and each row's x and z bits at the pivot, in one sum where the counts fit 14 bits (32 W <= 2^14)
         kz = z & km[:, None]
-        at_pivot = ((x >> bit) & one) | (((z >> bit) & one) << 1)
+        x_at = jnp.minimum(x & pcol[:, None], one).astype(jnp.int32)  # 1 at the pivot where x has it
+        z_at = jnp.minimum(z & pcol[:, None], one).astype(jnp.int32)
         if packed_counts:
-            ab = jnp.sum(_popcount(kz & ~x) + (_popcount(kz & x) << 14)
-                         + jnp.where(at_w, at_pivot.astype(jnp.int32) << 28, 0), axis=0, dtype=jnp.int32)
-            a, b_, at_pivot = ab & 0x3FFF, (ab >> 14) & 0x3FFF, ((ab >> 28) & 3).astype(jnp.uint32)
+            s = jnp.sum(_popcount(kz) + _popcount(kz & x) * (1 << 14) + x_at * (1 << 28) + z_at * (1 << 29), axis=0,
+                        dtype=jnp.int32)
+            total, b_, xp, zp = s & 0x3FFF, (s >> 14) & 0x3FFF, (s >> 28) & 1, (s >> 29) & 1
         else:
-            a = jnp.sum(_popcount(kz & ~x), axis=0, dtype=jnp.int32)
+            total = jnp.sum(_popcount(kz), axis=0, dtype=jnp.int32)
             b_ = jnp.sum(_popcount(kz & x), axis=0, dtype=jnp.int32)
-            at_pivot = _pick(at_w, at_pivot, axis=0)
-        xp, zp = at_pivot & one, at_pivot >> 1
-        zpar = ((a + b_) & 1).astype(jnp.uint32)
-        gained = a - b_ + (zp ^ zpar).astype(jnp.int32) - zp.astype(jnp.int32)
-        signs = signs ^ jnp.where(xp == 1, ((gained & 3) == 2).astype(jnp.int32), 0)
-        x = x ^ (km[:, None] & (jnp.uint32(0) - xp)[None, :])
+            xp, zp = jnp.sum(x_at, axis=0, dtype=jnp.int32), jnp.sum(z_at, axis=0, dtype=jnp.int32)
+        zpar = total & 1
+        gained = total - 2 * b_ + (zp ^ zpar) - zp
+        signs = signs ^ (xp & ((gained & 3) == 2).astype(jnp.int32))
         bz = zp ^ zpar  # the pivot's z bit after the fan-out
         # the measured row's pivot z bit and sign, in one pick
-        mine = _pick(at_j, bz.astype(jnp.int32) | (signs << 1))
+        mine = _pick(at_j, bz | (signs << 1))
         use_yz = (mine & 1) == 1
         # H (X^a Z^c -> (-1)^ac X^c Z^a) or H_YZ (-> (-1)^(a & ~c) X^(a^c) Z^c) on the pivot, if random
         nx = jnp.where(use_yz, xp ^ bz, bz)
         nz = jnp.where(use_yz, bz, xp)
-        gate_flip = (jnp.where(use_yz, xp & ~bz, xp & bz) & one).astype(jnp.int32)
+        gate_flip = jnp.where(use_yz, xp & (1 - bz), xp & bz)
         nx, nz = jnp.where(random, nx, xp), jnp.where(random, nz, bz)
         signs = signs ^ jnp.where(random, gate_flip, 0)
-        keep = ~(one << bit)
-        shifted = lambda v: (v << bit)[None, :]
-        x = jnp.where(at_w, (x & keep) | shifted(nx), x)
-        z = jnp.where(at_w, (z & keep) | shifted(nz), z)
+        # x takes the fan-out where it has x at the pivot, and the pivot's new bit; z the pivot's new bit
+        mask = lambda v: (jnp.uint32(0) - v.astype(jnp.uint32))[None, :]
+        x = x ^ ((km[:, None] & mask(xp)) | (pcol[:, None] & mask(xp ^ nx)))
+        z = z ^ (pcol[:, None] & mask(zp ^ nz))
         # X at the start of time sets the outcome: flips every row with a Z or Y at the pivot (the
         # measured row itself is then +-Z there, so its outcome is its sign, flipped by the fix). The
         # measured row has x at the pivot and takes H where bz is 0, H_YZ where 1: no gate flip
         sign = mine >> 1
         fix = random & (sign != guesses_ref[j])
-        signs = signs ^ jnp.where(fix, nz.astype(jnp.int32), 0)
+        signs = signs ^ jnp.where(fix, nz, 0)
         kmask_ref[pl.ds(j, 1), :] = km[None, :]
         pivots = jnp.where(at_j, jnp.where(random, first, 0), pivots)
         code = random.astype(jnp.int32) | (use_yz.astype(jnp.int32) << 1) | (fix.astype(jnp.int32) << 2)
