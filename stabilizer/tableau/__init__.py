@@ -4,7 +4,7 @@
              (one collapse each, or blocks of MEASURE_BLOCK: a plan of the measured rows, then an
              apply over all rows), a lowered program as one scan, the noiseless reference record
   kernels    the Pallas kernels of the GPU hot loops beside those rules (prepend_rows, collapse_rows,
-             plan_rows, apply_rows), the kernel mode every runner reads (STABILIZER_KERNEL), and the
+             plan_rows, replay_inputs, apply_rows), the kernel mode every runner reads (STABILIZER_KERNEL), and the
              word helpers the frames share (pack, lane_mask)
   simulator  `TableauSimulator`: Stim's interactive simulator on the tableau
 

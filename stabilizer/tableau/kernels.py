@@ -11,9 +11,10 @@
   to word block, and rewrites their x words in place.
 * `plan_rows` and `apply_rows`: blocks of measurements (tableau.py's MEASURE_BLOCK section) instead
   of XLA loops of small kernels: the plan collapses the measured rows one after another in one
-  program; the apply replays the block's collapses on every row, a block of rows a program, and its
+  program (its rows held transposed); `replay_inputs` makes the apply's inputs from a plan in one
+  launch; the apply replays the block's collapses on every row, a block of rows a program, and its
   program 0 can plan the next block meanwhile (one launch a block: the plan, one long program on one
-  SM, hides behind the apply).
+  SM, runs beside the apply).
 
 The pure-JAX versions (`stabilizer.tableau.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
@@ -215,7 +216,8 @@ def collapse_rows(xs, zs, kmask, xp, zp, interpret: bool = False):
 # its x words). A MEASURE op runs the first plan alone, then one launch a block: the apply, whose
 # program 0 applies the block to a copy of the next block's measured rows and plans that block.
 
-PLAN_WARPS = 8  # on an H100 (the first block of a 10,000-qubit state, rows transposed): 4 386 us, 8 130, 16 140, 32 164
+PLAN_WARPS = 8  # on an H100 (the first block of a 10,000-qubit state, rows transposed): 8 117 us, 16 123 (before the
+# last cut of its operations: 4 386, 8 130, 16 140, 32 164)
 PACKED_COUNTS_BITS = 1 << 14  # rows of at most this many bits: the plan packs its per-row sums in one int32
 # The apply's shape, from sweeps of measure-all at 10,000 qubits on an H100 (2026-11-26, before the plan
 # was transposed; every block's apply launch also planning the next block, ms for the whole measurement;
