@@ -464,7 +464,7 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
          xs_ref, zs_ref, flip_ref, nx_ref, nz_ref, nflip_ref, pivot_ref, kmask_ref, flags_ref, tx_ref, tz_ref) = refs
     else:
         steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, _, _, xs_ref, zs_ref, flip_ref = refs
-    apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, b=b, nb=nb, bw=bw)
+    apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, b=b, nb=nb, bw=bw, sync=sync)
 
     def rows_block(program):
         r0 = program * APPLY_ROWS
@@ -501,7 +501,8 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
         rows_block(program - 1)
 
 
-def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, *, b, nb, bw):
+def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, zs_ref, flip_ref, r0, *, b, nb, bw,
+                   sync):
     block = pl.ds(r0, APPLY_ROWS)
     rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
     one = jnp.uint32(1)
@@ -569,6 +570,7 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, z
         old = ref[rows[:, None], word[None, :]]
         ref[rows[:, None], word[None, :]] = (old & ~clear[None, :]) | put
 
+    sync()  # every thread's loads of the rows and stores of their x words are done before the pivot words change
     set_pivots(xs_ref, x)
     set_pivots(zs_ref, z)
     # signs: i^(Ys before - Ys after + the pivots' phases) is -1
