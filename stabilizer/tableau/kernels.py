@@ -245,8 +245,7 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
     """The plan (see plan_rows) of the measured rows held transposed, xs_ref, zs_ref (W, b): word w of row
     j at [w, j], so a row's words lie across the warps and the b rows across a warp's lanes. Picking row
     j's words, or row j's entry of a per-row vector, is then a shuffle within a warp; only the pivot
-    search and the per-row sums cross warps (a step's time is its chain of reductions across warps).
-    signs (b,) int32."""
+    search and one per-row sum cross warps. signs (b,) int32."""
     w, b = xs_ref.shape
     row = jnp.arange(b, dtype=jnp.int32)
     col = jnp.arange(w, dtype=jnp.int32)
@@ -540,7 +539,8 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, xs_ref, z
 
     # off the pivots: x takes the XOR of the fan-outs its controls select, 8 controls a table lookup
     # (tables_ref row 256 g + v: the XOR of fan-outs 8g + i for the set bits i of v); count Ys
-    groups = [(256 * g + ((controls >> jnp.uint32(8 * g)) & 255).astype(jnp.int32))[:, None] for g in range(b // 8)]
+    groups = [(256 * g + ((controls >> jnp.uint32(TABLE_FANOUTS * g)) & 255).astype(jnp.int32))[:, None]
+              for g in range(b // TABLE_FANOUTS)]
 
     rw = min(REWRITE_WORDS, nb * bw)  # the rewrite's tile: no accumulators of fan-outs, so wider
 

@@ -435,11 +435,9 @@ def _apply_planned(t: Tableau, planned, skip, interpret: bool, lookahead=None):
     taken before this step, and its choices: _plan_args), the apply launch also plans that block;
     returns (t, its plan as the kernels return it)."""
     inputs = kernels.replay_inputs(*planned, interpret=interpret)
-    if lookahead is None:
-        xs, zs, flip = kernels.apply_rows(t.xs, t.zs, *inputs, skip, interpret=interpret)
-        return Tableau(xs, zs, t.signs ^ (flip == 1))
-    xs, zs, flip, following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, lookahead=lookahead, interpret=interpret)
-    return Tableau(xs, zs, t.signs ^ (flip == 1)), following
+    xs, zs, flip, *following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, lookahead=lookahead, interpret=interpret)
+    t = Tableau(xs, zs, t.signs ^ (flip == 1))
+    return t if lookahead is None else (t, *following)
 
 
 def _settled(t: Tableau):
@@ -468,15 +466,14 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     part = lambda a, i: lax.dynamic_slice_in_dim(a, i * b, b)
     measured = lambda t, i: Tableau(*(a[n + part(qubits, i)] for a in t))
     outcomes = jnp.zeros(k + pad, bool)
+    record = lambda outcomes, bits, i: lax.dynamic_update_slice_in_dim(outcomes, bits, i * b, 0)  # block i's outcomes
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode == "jax":
-        record = lambda outcomes, plan, i: lax.dynamic_update_slice_in_dim(outcomes, plan.outcome, i * b, 0)
-
         def block(i, carry):
             t, outcomes = carry
             plan = _plan_block(measured(t, i), part(active, i), part(guesses, i), kernel)
             t = lax.cond(jnp.any(plan.random), partial(_apply_block, kernel=kernel), lambda t, plan: t, t, plan)
-            return t, record(outcomes, plan, i)
+            return t, record(outcomes, plan.outcome, i)
 
         last = jnp.max(jnp.where(active, jnp.arange(k + pad), -1))  # no block after the last active slot
         t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, outcomes))
@@ -496,12 +493,12 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     def block(i, carry):
         t, outcomes, planned = carry
         t, following = _apply_planned(t, planned, skip(planned), interpret, lookahead=plan_args(t, i + 1))
-        return t, lax.dynamic_update_slice_in_dim(outcomes, outcome(planned), i * b, 0), following
+        return t, record(outcomes, outcome(planned), i), following
 
     planned = kernels.plan_rows(*plan_args(t, 0), interpret=interpret)
     t, outcomes, planned = lax.fori_loop(0, blocks - 1, block, (t, outcomes, planned))
     t = _apply_planned(t, planned, skip(planned), interpret)
-    return t, lax.dynamic_update_slice_in_dim(outcomes, outcome(planned), (blocks - 1) * b, 0)[:k]
+    return t, record(outcomes, outcome(planned), blocks - 1)[:k]
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
