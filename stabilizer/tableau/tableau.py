@@ -312,16 +312,17 @@ class _Plan(NamedTuple):
     outcome: jax.Array  # (b,) bool
 
 
-def _plan_from_kernel(pivot, kmask, flags) -> _Plan:
-    """A plan as kernels.plan_rows returns it (flags: bit 0 random, 1 use_yz, 2 fix, 3 outcome)."""
+def _plan_from_kernel(pivot, kmask, flags, window=None) -> _Plan:
+    """A plan as kernels.plan_rows returns it (flags: bit 0 random, 1 use_yz, 2 fix, 3 outcome; the
+    window of words is not part of the rule's plan)."""
     bit = lambda i: (flags >> i) & 1 == 1
     return _Plan(pivot, kmask, bit(1), bit(2), bit(0), bit(3))
 
 
 def _plan_for_kernel(plan: _Plan):
-    """The inverse of _plan_from_kernel: (pivot, kmask, flags)."""
+    """The inverse of _plan_from_kernel: (pivot, kmask, flags, window), the window every word."""
     flags = sum(v.astype(jnp.int32) << i for i, v in enumerate((plan.random, plan.use_yz, plan.fix, plan.outcome)))
-    return plan.pivot, plan.kmask, flags
+    return plan.pivot, plan.kmask, flags, jnp.array([0, plan.kmask.shape[1]], jnp.int32)
 
 
 def _plan_args(rows: Tableau, active, guesses):
@@ -430,12 +431,14 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
 
 
 def _apply_planned(t: Tableau, planned, skip, interpret: bool, lookahead=None):
-    """Step 2 on the kernel path, from a plan as the kernels return it (pivot, kmask, flags): two launches,
+    """Step 2 on the kernel path, from a plan as the kernels return it (pivot, kmask, flags, window): two launches,
     kernels.replay_inputs and kernels.apply_rows. With `lookahead` (the next block's measured rows,
     taken before this step, and its choices: _plan_args), the apply launch also plans that block;
     returns (t, its plan as the kernels return it)."""
-    inputs = kernels.replay_inputs(*planned, interpret=interpret)
-    xs, zs, flip, *following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, lookahead=lookahead, interpret=interpret)
+    *plan, window = planned
+    inputs = kernels.replay_inputs(*plan, interpret=interpret)
+    xs, zs, flip, *following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, window, lookahead=lookahead,
+                                                  interpret=interpret)
     t = Tableau(xs, zs, t.signs ^ (flip == 1))
     return t if lookahead is None else (t, *following)
 

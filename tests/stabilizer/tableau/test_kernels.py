@@ -243,7 +243,7 @@ def test_replay_inputs_kernel_equals_the_pure_rule(seed, words, columns):
     flags = plan.random.astype(jnp.int32) | (plan.use_yz.astype(jnp.int32) << 1) | (plan.fix.astype(jnp.int32) << 2)
     steps = jnp.stack([r.word, r.shift.astype(jnp.int32), r.first.astype(jnp.int32), r.slot.astype(jnp.int32), flags])
     want = steps, r.kp, r.kext, jnp.concatenate(r.tables), r.pmask
-    got = K.replay_inputs(*T._plan_for_kernel(plan), interpret=KERNEL == "interpret")
+    got = K.replay_inputs(*T._plan_for_kernel(plan)[:3], interpret=KERNEL == "interpret")
     for name, a, b_ in zip(("steps", "kp", "kext", "tables", "pmask"), want, got):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b_), err_msg=name)
 
@@ -254,7 +254,7 @@ def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
     t, rows, active, guesses = _measured_rows(130, 5)
     monkeypatch.setattr(K, "PACKED_COUNTS_BITS", 0)
     as_int = lambda v: v.astype(jnp.int32)
-    pivot, kmask, flags = K.plan_rows.__wrapped__(rows.xs, rows.zs, as_int(rows.signs), as_int(active),
+    pivot, kmask, flags, _ = K.plan_rows.__wrapped__(rows.xs, rows.zs, as_int(rows.signs), as_int(active),
                                                   as_int(guesses), interpret=KERNEL == "interpret")
     want = T._plan_block(rows, active, guesses, "jax")
     np.testing.assert_array_equal(np.asarray(pivot), np.asarray(want.pivot))
@@ -264,15 +264,76 @@ def test_plan_kernel_counts_apart_for_wide_rows(monkeypatch):
         np.testing.assert_array_equal((got >> bit) & 1 == 1, np.asarray(getattr(want, name)))
 
 
-def _assert_blocks_equal_one_collapse_at_a_time(t, order, guesses) -> list[bool]:
+def _narrow_kernels(monkeypatch):
+    """The kernels traced afresh with blocks of two words (rows of 6 words: the plan holds them in
+    pieces of 4 and 2) and one-word parity and rewrite tiles, so narrow tableaux skip tiles at both
+    ends of a block's window."""
+    monkeypatch.setattr(K, "MAX_BLOCK_WORDS", 2)
+    monkeypatch.setattr(K, "APPLY_WORDS", 1)
+    monkeypatch.setattr(K, "REWRITE_WORDS", 1)
+    monkeypatch.setattr(K, "apply_rows", jax.jit(K.apply_rows.__wrapped__, static_argnames=("interpret",),
+                                                 donate_argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("lo,span", [(0, 1), (7, 1), (3, 2), (2, 5), (0, 8)])
+def test_plan_window_holds_every_collapse_of_the_block(lo, span):
+    """Rows with x bits only in words [lo, lo + span) of 8 (z bits everywhere): the plan's window is
+    exactly those words, every pivot and fan-out lies inside it, and the plan equals the pure rule."""
+    rng = np.random.default_rng(100 * lo + span)
+    b, words = T.MEASURE_BLOCK, 8
+    bits = np.zeros((b, 32 * words), np.uint8)
+    bits[:, 32 * lo: 32 * (lo + span)] = rng.random((b, 32 * span)) < 0.3
+    bits[:, 32 * lo] = 1  # the window's first and last words are not empty
+    bits[:, 32 * (lo + span) - 1] |= rng.random(b) < 0.5
+    pack = lambda a: jnp.asarray(np.packbits(a, axis=1, bitorder="little").view(np.uint32))
+    rows = T.Tableau(pack(bits), pack(rng.random((b, 32 * words)) < 0.5), jnp.asarray(rng.random(b) < 0.5))
+    active, guesses = jnp.asarray(rng.random(b) < 0.85), jnp.asarray(rng.random(b) < 0.5)
+    pivot, kmask, flags, window = K.plan_rows(*T._plan_args(rows, active, guesses), interpret=KERNEL == "interpret")
+    assert np.asarray(window).tolist() == [lo, lo + span]
+    random = (np.asarray(flags) & 1) == 1
+    assert random.sum() > 8
+    used = np.flatnonzero(np.asarray(kmask).any(axis=0))
+    assert used.min() >= lo and used.max() < lo + span
+    assert np.all((np.asarray(pivot)[random] // 32 >= lo) & (np.asarray(pivot)[random] // 32 < lo + span))
+    want = T._plan_block(rows, active, guesses, "jax")
+    got = T._plan_from_kernel(pivot, kmask, flags)
+    for name, a, b_ in zip(want._fields, want, got):
+        a, b_ = np.asarray(a), np.asarray(b_)
+        np.testing.assert_array_equal(a[random] if name == "use_yz" else a, b_[random] if name == "use_yz" else b_,
+                                      err_msg=name)
+
+
+def test_measure_all_in_windows_of_words_equals_one_collapse_at_a_time(monkeypatch):
+    """Measure-all in order, the first 32 qubits in |+> (their rows' window is word 0) and the rest
+    entangled (words 1-4), in a tableau of 6 words a row (word 5 unused) held by the plan in two pieces,
+    the apply's tiles one word wide so that it skips words at both ends of each window: the outcomes
+    and tableau equal `measure_z` one qubit at a time."""
+    from .test_measure_many import _state_text, _tableau
+
+    _narrow_kernels(monkeypatch)
+    rng = np.random.default_rng(31)
+    n = 160
+    text = "H " + " ".join(map(str, range(32))) + "\n" + _state_text(n, rng, 6, deterministic=32)
+    t = _tableau(text, n)
+    assert t.xs.shape[1] == 6 and K.plan_chunks(6) == [(0, 4), (4, 2)]
+    first = K.plan_rows(*T._plan_args(T.Tableau(*(a[t.capacity + np.arange(32)] for a in t)), jnp.ones(32, bool),
+                                      jnp.zeros(32, bool)), interpret=KERNEL == "interpret")[3]
+    second = K.plan_rows(*T._plan_args(T.Tableau(*(a[t.capacity + 32 + np.arange(32)] for a in t)), jnp.ones(32, bool),
+                                       jnp.zeros(32, bool)), interpret=KERNEL == "interpret")[3]
+    assert np.asarray(first).tolist() == [0, 1] and np.asarray(second).tolist() == [1, 5]
+    _assert_blocks_equal_one_collapse_at_a_time(t, np.arange(n), rng.random(n) < 0.5,
+                                                measure=T.measure_many_z.__wrapped__)
+
+
+def _assert_blocks_equal_one_collapse_at_a_time(t, order, guesses, measure=T.measure_many_z) -> list[bool]:
     """measure_many_z by the kernels on the qubits `order` equals measure_z one qubit at a time with the
     same random choices: outcomes and tableau. Returns the outcomes."""
     seq, outs = jax.tree_util.tree_map(jnp.copy, t), []
     for q, g in zip(order, guesses):
         seq, r, _ = T.measure_z(seq, jnp.int32(q), jnp.bool_(g), kernel="jax")
         outs.append(bool(r))
-    got, outcomes = T.measure_many_z(jax.tree_util.tree_map(jnp.copy, t), jnp.asarray(order, jnp.int32),
-                                     jnp.ones(len(order), bool), jnp.asarray(guesses), kernel=KERNEL)
+    got, outcomes = measure(jax.tree_util.tree_map(jnp.copy, t), jnp.asarray(order, jnp.int32),
+                            jnp.ones(len(order), bool), jnp.asarray(guesses), kernel=KERNEL)
     assert [bool(o) for o in np.asarray(outcomes)] == outs
     for a, b in zip(got, seq):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
