@@ -72,7 +72,7 @@ def rows() -> list[list[str]]:
                                     (5, 10**6, "packed_host_s", "packed detectors to the host")):
         out.append(_row(f"surface code d = {dist}, {shots:.0e} shots, {what}".replace("e+0", "e"), d,
                         rec("ours", dist, shots)[mode], "cuStabilizer", rec("custabilizer", dist, shots)[mode], [f]))
-    f = "stabilizer_random_measure_final_h100_2026-11-26.json"  # the plan transposed, gate runs without switch
+    f = "stabilizer_random_measure_window_h100_2026-11-26.json"  # the block's window, the plan in pieces
     d = _load(f)
     rec = lambda tool: next(r for r in d["records"] if (r["tool"], r["n"]) == (tool, 10000) and r["status"] == "ok")
     out.append(_row("10,000 qubits: 100 random Clifford layers, then measure all (warm)", d, rec("ours")["seconds"],
