@@ -586,8 +586,8 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     # every warp has gathered its pivot words before any rewrites them (a warp computes its own copy of
     # the per-row vectors, and no cross-warp sum orders the warps when the tiles are narrow)
     sync()
-    # off the pivots: x takes the XOR of the fan-outs its controls select, 8 controls a table lookup
-    # (tables_ref row 256 g + v: the XOR of fan-outs 8g + i for the set bits i of v); count Ys
+    # off the pivots: x takes the XOR of the fan-outs its controls select, F = TABLE_FANOUTS controls a
+    # table lookup (tables_ref row 2^F g + v: the XOR of fan-outs F g + i for the set bits i of v); count Ys
     entries = 1 << TABLE_FANOUTS
     groups = [(entries * g + ((controls >> jnp.uint32(TABLE_FANOUTS * g)) & (entries - 1)).astype(jnp.int32))[:, None]
               for g in range(b // TABLE_FANOUTS)]

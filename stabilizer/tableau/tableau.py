@@ -297,8 +297,9 @@ def _columns(words, cols):
 
 
 def _xor_table(rows):
-    """(8, W) words -> (256, W): entry v is the XOR of the rows at the set bits of v."""
-    use = (jnp.arange(256, dtype=jnp.uint32)[:, None] >> jnp.arange(8, dtype=jnp.uint32)) & 1  # (256, 8)
+    """(F, W) words -> (2^F, W): entry v is the XOR of the rows at the set bits of v."""
+    f = rows.shape[0]
+    use = (jnp.arange(1 << f, dtype=jnp.uint32)[:, None] >> jnp.arange(f, dtype=jnp.uint32)) & 1  # (2^F, F)
     picked = jnp.where(use[:, :, None] == 1, rows[None], jnp.uint32(0))
     return lax.reduce(picked, jnp.uint32(0), lax.bitwise_xor, (1,))
 
@@ -363,7 +364,7 @@ class _Replay(NamedTuple):
     pmask: jax.Array  # (W,) uint32 the block's pivot columns
     kext: jax.Array  # (b, W) uint32 the fan-outs off the pivot columns
     kp: jax.Array  # (b,) uint32 the fan-outs at the pivot columns, as slot bits
-    tables: list  # XORs of the fan-outs, 8 controls a (256, W) table
+    tables: list  # XORs of the fan-outs, F = kernels.TABLE_FANOUTS controls a (2^F, W) table
 
 
 def _replay(plan: _Plan, words: int) -> _Replay:
@@ -379,7 +380,8 @@ def _replay(plan: _Plan, words: int) -> _Replay:
     pmask = jnp.zeros(words, jnp.uint32).at[word].add(pivot_bits)  # distinct bits: add is OR
     kext = plan.kmask & ~pmask
     kp = pack(((plan.kmask[:, word] >> shift) & 1) * first)  # fan-out j's pivot columns, as slot bits
-    tables = [_xor_table(kext[g:g + 8]) for g in range(0, b, 8)]
+    f = kernels.TABLE_FANOUTS
+    tables = [_xor_table(kext[g:g + f]) for g in range(0, b, f)]
     return _Replay(word, shift, first, slot, pivot_bits, pmask, kext, kp, tables)
 
 
@@ -417,8 +419,9 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
     zero = jnp.zeros(t.xs.shape[0], jnp.uint32)
     xn, zn, controls, phase = lax.fori_loop(0, b, step, (xo, zo, zero, jnp.zeros(t.xs.shape[0], jnp.int32)))
     xs = t.xs  # off the pivots: XOR of the fan-out masks the row's controls select (kext has no pivot bits)
+    f = kernels.TABLE_FANOUTS
     for g, table in enumerate(r.tables):
-        xs = xs ^ table[(controls >> (8 * g)) & 255]
+        xs = xs ^ table[(controls >> (f * g)) & ((1 << f) - 1)]
 
     def set_pivots(words, new, old):  # pivot bits from `old` to `new` (slot bits (R,)): adding the
         # difference at distinct bits is exact, and a recurring pivot column is one slot
