@@ -3,7 +3,8 @@
     python experiments/stabilizer_steps_probe.py packed    # d = 5, 1e6 shots (SHOTS=...): the chunk program, the
                                                      # page-locked copy, np.asarray, the copy into the output
     python experiments/stabilizer_steps_probe.py measure   # 10,000 qubits (NQ=...): gates, measure-all, a block's
-                                                     # plan and apply (KMODE=pallas|jax), QuaSARQ beside;
+                                                     # plan and apply (KMODE=pallas|jax) (QuaSARQ: stabilizer_bench.py,
+                                                     # which runs it in a subprocess: it aborts here);
                                                      # PROFILE=1: the device's kernels of measure-all and gates
 
 Writes probe_<mode>.json under $OUT (default /tmp). Run from the repository root."""
@@ -128,13 +129,6 @@ if "measure" in sys.argv:
     res["apply_block"] = best(lambda: jax.block_until_ready(applyf(cp(), plan, K)), 5)
     res["copy_only"] = best(lambda: jax.block_until_ready(cp()), 5)
     res["random_in_block"] = int(np.sum(np.asarray(plan.random)))
-    try:
-        import quasarq
-        text = random_circuit(n, 100, 0, True, text=True)
-        qc = quasarq.Circuit(text)
-        res["quasarq"] = best(lambda: quasarq.simulate(qc), 3)
-    except Exception as e:
-        res["quasarq"] = repr(e)[:200]
 
 res["device"] = str(jax.devices()[0]); res["jax"] = jax.__version__
 print(json.dumps(res, indent=1))
