@@ -486,25 +486,29 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
         return t, outcomes[:k]
 
     # The kernel path runs every block (a loop count or a conditional from data waits for the host each
-    # block; the kernels skip empty blocks), each block's apply launch but the last also planning the
-    # next block. Rows no collapse of the op reads or changes are skipped (a measured row is not among
-    # them once collapsed: it is Z at its pivot times Zs elsewhere, and later fan-outs change its z bits).
-    # Plans stay as the kernels return them (pivot, kmask, flags).
+    # block; the kernels skip empty blocks) as one kind of launch: launch i applies block i - 1 and plans
+    # block i (kernels.apply_rows with a lookahead). Launch 0 applies a plan of no collapses, and the last
+    # plans a block of inactive slots, so the op compiles one apply kernel, not also a plan alone and an
+    # apply alone (about 3 s of the first call's compilation at 10,000 qubits on an H100). Rows no collapse
+    # of the op reads or changes are skipped (a measured row is not among them once collapsed: it is Z at
+    # its pivot times Zs elsewhere, and later fan-outs change its z bits). Plans stay as the kernels
+    # return them (pivot, kmask, flags, window).
     interpret = mode == "interpret"
     settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1)
     skip = lambda planned: (settled_blocks | ~jnp.any((planned[2] & 1) == 1)).astype(jnp.int32)
     outcome = lambda planned: (planned[2] >> 3) & 1 == 1
-    plan_args = lambda t, i: _plan_args(measured(t, i), part(active, i), part(guesses, i))
+    none_planned = (jnp.zeros(b, jnp.int32), jnp.zeros((b, t.xs.shape[1]), jnp.uint32), jnp.zeros(b, jnp.int32),
+                    jnp.zeros(2, jnp.int32))
 
     def block(i, carry):
         t, outcomes, planned = carry
-        t, following = _apply_planned(t, planned, skip(planned), interpret, lookahead=plan_args(t, i + 1))
-        return t, record(outcomes, outcome(planned), i), following
+        following = _plan_args(measured(t, i), part(active, i) & (i < blocks), part(guesses, i))  # i = blocks: none
+        t, following = _apply_planned(t, planned, skip(planned), interpret, lookahead=following)
+        # block i - 1's outcomes (launch 0 writes its plan of nothing at block 0, which launch 1 overwrites)
+        return t, record(outcomes, outcome(planned), jnp.maximum(i - 1, 0)), following
 
-    planned = kernels.plan_rows(*plan_args(t, 0), interpret=interpret)
-    t, outcomes, planned = lax.fori_loop(0, blocks - 1, block, (t, outcomes, planned))
-    t = _apply_planned(t, planned, skip(planned), interpret)
-    return t, record(outcomes, outcome(planned), blocks - 1)[:k]
+    t, outcomes, _ = lax.fori_loop(0, blocks + 1, block, (t, outcomes, none_planned))
+    return t, outcomes[:k]
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))
