@@ -6,6 +6,8 @@
                                                      # plan and apply (KMODE=pallas|jax) (QuaSARQ: stabilizer_bench.py,
                                                      # which runs it in a subprocess: it aborts here);
                                                      # PROFILE=1: the device's kernels of measure-all and gates
+    python experiments/stabilizer_steps_probe.py measure-compile   # measure-all's program at NQ qubits: lowering and
+                                                     # compiling alone, the persistent cache off
 
 Writes probe_<mode>.json under $OUT (default /tmp). Run from the repository root."""
 import json, os, sys, time
@@ -129,6 +131,18 @@ if "measure" in sys.argv:
     res["apply_block"] = best(lambda: jax.block_until_ready(applyf(cp(), plan, K)), 5)
     res["copy_only"] = best(lambda: jax.block_until_ready(cp()), 5)
     res["random_in_block"] = int(np.sum(np.asarray(plan.random)))
+
+if "measure-compile" in sys.argv:  # measure-all's program alone at NQ qubits: lowering and compiling, the
+    # persistent cache off (run against two checkouts, alternating, for an A/B of a change)
+    jax.config.update("jax_enable_compilation_cache", False)
+    n = int(os.environ.get("NQ", 10000))
+    t, args = T.identity(n), (jnp.arange(n, dtype=jnp.int32), jnp.ones(n, bool), jnp.zeros(n, bool))
+    t0 = time.perf_counter()
+    lowered = jax.jit(T._measure_many_inner, static_argnames=("kernel",)).lower(t, *args, kernel="pallas")
+    t1 = time.perf_counter()
+    lowered.compile()
+    res |= {"lower_s": t1 - t0, "compile_s": time.perf_counter() - t1, "module": T.__file__,
+            "triton_kernels": lowered.as_text().count("__gpu$xla.gpu.triton")}
 
 res["device"] = str(jax.devices()[0]); res["jax"] = jax.__version__
 print(json.dumps(res, indent=1))
