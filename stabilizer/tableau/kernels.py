@@ -233,6 +233,7 @@ APPLY_WORDS = 32  # words an apply program's parity pass loads at a time (rows x
 # 8 warps: 32 words 60.1 ms, 64 56.7, 128 56.9; 1, 2 or 3 pipeline stages the same; 16 warps 59.3)
 REWRITE_WORDS = 64
 APPLY_STAGES = 2  # Triton's software pipelining of the passes' loads
+APPLY_PREFETCH = 1  # tiles a pass loads ahead of the one it works on (0: none)
 LOOKAHEAD_WARPS = 8  # an apply launch that also plans the next block (one num_warps for both parts)
 
 
@@ -542,6 +543,14 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
         rows_block(program - 1)
 
 
+def _next_tile(queue, load, k):
+    """A pass's tile k and its queue of tiles loaded ahead, k + 1.. (loads issued before tile k's work
+    waits on them): (tile k, the queue with tile k + len(queue) loaded); an empty queue loads tile k."""
+    if not queue:
+        return load(k), queue
+    return queue[0], queue[1:] + (load(k + len(queue)),)
+
+
 def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, xs_ref, zs_ref, flip_ref, r0, *, b, nb,
                    bw, sync):
     block = pl.ds(r0, APPLY_ROWS)
@@ -565,13 +574,18 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     # words first, one popcount a row and fan-out at the end; only the block's window of words [lo, hi)
     # (the fan-outs are zero elsewhere). One (fan-outs, rows, words) accumulator: 32 of (rows, words)
     # ran the apply alone in 161 us against 151 (H100, 2026-11-26)
-    chunks = (lo // bw, (hi + bw - 1) // bw)
+    # Each pass keeps the loads of its next APPLY_PREFETCH tiles in flight while it works on the current
+    # one (one program an SM: nothing else hides a load's latency); indices are clamped to the row.
+    start, stop = lo // bw, (hi + bw - 1) // bw
+    tile = lambda k: (zs_ref[block, words_at(jnp.minimum(k, stop - 1))], kext_ref[:, words_at(jnp.minimum(k, stop - 1))])
 
-    def parities(k, acc):
-        z = zs_ref[block, words_at(k)]
-        return acc ^ (z[None, :, :] & kext_ref[:, words_at(k)][:, None, :])
+    def parities(k, carry):
+        acc, queue = carry
+        (z, kext), queue = _next_tile(queue, tile, k)
+        return acc ^ (z[None, :, :] & kext[:, None, :]), queue
 
-    acc = lax.fori_loop(*chunks, parities, jnp.zeros((b, APPLY_ROWS, bw), jnp.uint32))
+    queue = tuple(tile(start + d) for d in range(APPLY_PREFETCH))
+    acc, _ = lax.fori_loop(start, stop, parities, (jnp.zeros((b, APPLY_ROWS, bw), jnp.uint32), queue))
     parity = (jnp.sum(_popcount(acc), axis=2, dtype=jnp.int32) & 1).astype(jnp.uint32)  # (b, rows)
     zk = jnp.sum(parity << slots[:, None], axis=0, dtype=jnp.uint32)
 
@@ -594,18 +608,24 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
 
     rw = min(REWRITE_WORDS, block_words(nb * bw))  # the rewrite's tile: no accumulators of fan-outs, so wider
 
-    def rewrite(k, ys):  # ys: Ys before less Ys after off the pivots, summed over words at the end
+    tiles = (lo // rw, (hi + rw - 1) // rw)
+
+    def words(k):  # a tile's x and z words, its pivot mask and the XOR of the fan-outs each row's controls select
+        k = jnp.minimum(k, tiles[1] - 1)
         cols = pl.ds(k * rw, rw)
         at = k * rw + jnp.arange(rw, dtype=jnp.int32)[None, :]
-        xw, zw = xs_ref[block, cols], zs_ref[block, cols]
-        new = xw
-        for g in groups:
-            new = new ^ tables_ref[g, at]
-        xs_ref[block, cols] = new
-        off = ~pmask_ref[cols][None, :]
-        return ys + _popcount(xw & zw) - _popcount(new & zw & off)
+        fanned = functools.reduce(jnp.bitwise_xor, [tables_ref[g, at] for g in groups])
+        return xs_ref[block, cols], zs_ref[block, cols], pmask_ref[cols][None, :], fanned
 
-    ys = lax.fori_loop(lo // rw, (hi + rw - 1) // rw, rewrite, jnp.zeros((APPLY_ROWS, rw), jnp.int32))
+    def rewrite(k, carry):  # ys: Ys before less Ys after off the pivots, summed over words at the end
+        ys, queue = carry
+        (xw, zw, pmask, fanned), queue = _next_tile(queue, words, k)
+        new = xw ^ fanned
+        xs_ref[block, pl.ds(k * rw, rw)] = new  # a tile loaded ahead is another tile: no hazard
+        return ys + _popcount(xw & zw) - _popcount(new & zw & ~pmask), queue
+
+    queue = tuple(words(tiles[0] + d) for d in range(APPLY_PREFETCH))
+    ys, _ = lax.fori_loop(*tiles, rewrite, (jnp.zeros((APPLY_ROWS, rw), jnp.int32), queue))
     ys = jnp.sum(ys, axis=1, dtype=jnp.int32)
 
     # the pivot columns take their new bits: slot s writes its pivot's whole word with the new bits of
