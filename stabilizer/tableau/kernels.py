@@ -502,12 +502,15 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
 
     def rows_block(program):
         r0 = program * APPLY_ROWS
+        # rows the block's collapses leave as they are: those `skip` names, and every row if none is random
+        # (read here, not by a kernel of its own a block)
+        idle = (skip_ref[program] != 0) | (jnp.max(steps_ref[4, :] & 1) == 0)
 
-        @pl.when(skip_ref[program] != 0)  # rows the block's collapses leave as they are
+        @pl.when(idle)
         def _():
             flip_ref[pl.ds(r0, APPLY_ROWS)] = jnp.zeros(APPLY_ROWS, jnp.int32)
 
-        @pl.when(skip_ref[program] == 0)
+        @pl.when(jnp.logical_not(idle))
         def _():
             apply(xs_ref, zs_ref, flip_ref, r0)
 
@@ -656,7 +659,7 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, window=None, lookah
     1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns as slot bits; tables (b / F * 2^F,
     W), F = TABLE_FANOUTS: row 2^F g + v the XOR of the fan-outs F g + i for the set bits i of v
     (M4RI's lookup); skip (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged, which are not
-    read; window (2,) int32: the block's words [lo, hi) as plan_rows returns it (None: every word), the
+    read (nor is any row when no collapse of the block is random); window (2,) int32: the block's words [lo, hi) as plan_rows returns it (None: every word), the
     only words the passes over the rows read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign
     flips).
 

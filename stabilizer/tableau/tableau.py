@@ -495,8 +495,8 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     # its pivot times Zs elsewhere, and later fan-outs change its z bits). Plans stay as the kernels
     # return them (pivot, kmask, flags, window).
     interpret = mode == "interpret"
-    settled_blocks = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1)
-    skip = lambda planned: (settled_blocks | ~jnp.any((planned[2] & 1) == 1)).astype(jnp.int32)
+    skip = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)  # (a block with no
+    # random collapse skips every row: the kernel reads that from its plan)
     outcome = lambda planned: (planned[2] >> 3) & 1 == 1
     none_planned = (jnp.zeros(b, jnp.int32), jnp.zeros((b, t.xs.shape[1]), jnp.uint32), jnp.zeros(b, jnp.int32),
                     jnp.zeros(2, jnp.int32))
@@ -504,7 +504,7 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     def block(i, carry):
         t, outcomes, planned = carry
         following = _plan_args(measured(t, i), part(active, i) & (i < blocks), part(guesses, i))  # i = blocks: none
-        t, following = _apply_planned(t, planned, skip(planned), interpret, lookahead=following)
+        t, following = _apply_planned(t, planned, skip, interpret, lookahead=following)
         # block i - 1's outcomes (launch 0 writes its plan of nothing at block 0, which launch 1 overwrites)
         return t, record(outcomes, outcome(planned), jnp.maximum(i - 1, 0)), following
 
