@@ -578,9 +578,13 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     # (the fan-outs are zero elsewhere). One (fan-outs, rows, words) accumulator: 32 of (rows, words)
     # ran the apply alone in 161 us against 151 (H100, 2026-11-26)
     # Each pass keeps the loads of its next APPLY_PREFETCH tiles in flight while it works on the current
-    # one (one program an SM: nothing else hides a load's latency); indices are clamped to the row.
+    # one (one program an SM: nothing else hides a load's latency); indices are clamped to the row (a
+    # measure loop's first launch applies a plan of nothing, whose window is empty, to the next rows).
     start, stop = lo // bw, (hi + bw - 1) // bw
-    tile = lambda k: (zs_ref[block, words_at(jnp.minimum(k, stop - 1))], kext_ref[:, words_at(jnp.minimum(k, stop - 1))])
+
+    def tile(k):
+        cols = words_at(jnp.clip(k, 0, jnp.maximum(stop - 1, 0)))  # in the row even for an empty window
+        return zs_ref[block, cols], kext_ref[:, cols]
 
     def parities(k, carry):
         acc, queue = carry
@@ -614,7 +618,7 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     tiles = (lo // rw, (hi + rw - 1) // rw)
 
     def words(k):  # a tile's x and z words, its pivot mask and the XOR of the fan-outs each row's controls select
-        k = jnp.minimum(k, tiles[1] - 1)
+        k = jnp.clip(k, 0, jnp.maximum(tiles[1] - 1, 0))
         cols = pl.ds(k * rw, rw)
         at = k * rw + jnp.arange(rw, dtype=jnp.int32)[None, :]
         fanned = functools.reduce(jnp.bitwise_xor, [tables_ref[g, at] for g in groups])
@@ -624,7 +628,8 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
         ys, queue = carry
         (xw, zw, pmask, fanned), queue = _next_tile(queue, words, k)
         new = xw ^ fanned
-        xs_ref[block, pl.ds(k * rw, rw)] = new  # a tile loaded ahead is another tile: no hazard
+        xs_ref[block, pl.ds(k * rw, rw)] = new  # tiles loaded ahead are later ones (or this one, clamped at the
+        # end, and then unused): no hazard
         return ys + _popcount(xw & zw) - _popcount(new & zw & ~pmask), queue
 
     queue = tuple(words(tiles[0] + d) for d in range(APPLY_PREFETCH))
@@ -658,9 +663,10 @@ def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, window=None, lookah
     steps (5, b) int32: pivot word, shift, first (the distinct pivots), slot, flags (bit 0 random,
     1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns as slot bits; tables (b / F * 2^F,
     W), F = TABLE_FANOUTS: row 2^F g + v the XOR of the fan-outs F g + i for the set bits i of v
-    (M4RI's lookup); skip (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave unchanged, which are not
-    read (nor is any row when no collapse of the block is random); window (2,) int32: the block's words [lo, hi) as plan_rows returns it (None: every word), the
-    only words the passes over the rows read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign
+    (M4RI's lookup); skip (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave
+    unchanged, which are not read (nor is any row when no collapse of the block is random); window (2,)
+    int32: the block's words [lo, hi) as plan_rows returns it (None: every word), the only words the
+    passes over the rows read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign
     flips).
 
     lookahead: the next block's measured rows as they are before this apply, (xs, zs, signs, active,
