@@ -490,10 +490,10 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     # block i (kernels.apply_rows with a lookahead). Launch 0 applies a plan of no collapses, and the last
     # plans a block of inactive slots, so the op compiles one apply kernel, not also a plan alone and an
     # apply alone (lowering and compiling the op at 10,000 qubits on an H100: 4.1-4.4 s, was 4.4-5.7 s,
-    # three processes each; the extra launch costs about 0.15 ms). Rows no collapse
-    # of the op reads or changes are skipped (a measured row is not among them once collapsed: it is Z at
-    # its pivot times Zs elsewhere, and later fan-outs change its z bits). Plans stay as the kernels
-    # return them (pivot, kmask, flags, window).
+    # three processes each; the extra launch costs about 0.15 ms). Rows no collapse of the op reads or
+    # changes are skipped (a measured row is not among them once collapsed: it is Z at its pivot times Zs
+    # elsewhere, and later fan-outs change its z bits). Plans stay as the kernels return them (pivot,
+    # kmask, flags, window).
     interpret = mode == "interpret"
     skip = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)  # (a block with no
     # random collapse skips every row: the kernel reads that from its plan)
