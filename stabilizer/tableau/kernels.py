@@ -255,13 +255,16 @@ def plan_chunks(words: int) -> list[tuple[int, int]]:
     return pieces
 
 
-def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts):
-    """The plan (see plan_rows) of the measured rows held transposed, xs_ref, zs_ref (W, b): word w of row
-    j at [w, j], so a row's words lie across the warps and the b rows across a warp's lanes. Picking row
-    j's words, or row j's entry of a per-row vector, is then a shuffle within a warp; only the pivot
-    search and one per-row sum cross warps. The words are held in the pieces of plan_chunks(W), each
-    step working on every piece. signs (b,) int32."""
-    w, b = xs_ref.shape
+def _plan_program(load, w, signs, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts,
+                  at=0, record_ref=None):
+    """The plan (see plan_rows) of the measured rows held transposed, (W, b): word w of row j at [w, j], so
+    a row's words lie across the warps and the b rows across a warp's lanes. Picking row j's words, or
+    row j's entry of a per-row vector, is then a shuffle within a warp; only the pivot search and one
+    per-row sum cross warps. The words are held in the pieces of plan_chunks(W), each step working on
+    every piece: load() gives the x and the z pieces ((width, b) each). signs (b,) int32; slot j's
+    choices are active_ref[at + j] and guesses_ref[at + j]; record_ref, if given, takes the outcomes at
+    [at, at + b) (int32 0/1)."""
+    b = signs.shape[0]
     pieces = plan_chunks(w)
     row = jnp.arange(b, dtype=jnp.int32)
     cols = [off + jnp.arange(width, dtype=jnp.int32) for off, width in pieces]
@@ -275,7 +278,7 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         lowest = [v & (jnp.uint32(0) - v) for v in xj]
         first = functools.reduce(jnp.minimum, [jnp.min(jnp.where(v != 0, c * 32 + _popcount(lo - one), 32 * w))
                                                for v, lo, c in zip(xj, lowest, cols)])
-        random = (active_ref[j] != 0) & (first < 32 * w)
+        random = (active_ref[at + j] != 0) & (first < 32 * w)
         bit = jnp.where(random, first % 32, 0).astype(jnp.uint32)
         pcol = [jnp.where(random & (c == first // 32), one << bit, jnp.uint32(0)) for c in cols]  # the pivot's bit
         km = [jnp.where(random, v ^ p, jnp.uint32(0)) for v, p in zip(xj, pcol)]  # the fan-out's columns
@@ -322,7 +325,7 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         # measured row itself is then +-Z there, so its outcome is its sign, flipped by the fix). The
         # measured row has x at the pivot and takes H where bz is 0, H_YZ where 1: no gate flip
         sign = mine >> 1
-        fix = random & (sign != guesses_ref[j])
+        fix = random & (sign != guesses_ref[at + j])
         signs = signs ^ jnp.where(fix, nz, 0)
         for (off, width), k in zip(pieces, km):
             kmask_ref[pl.ds(j, 1), pl.ds(off, width)] = k[None, :]
@@ -332,19 +335,22 @@ def _plan_program(xs_ref, zs_ref, signs, active_ref, guesses_ref, pivot_ref, kma
         return x, z, signs, pivots, flags
 
     zeros = jnp.zeros(b, jnp.int32)
-    busy = jnp.max(active_ref[...]) != 0
+    busy = jnp.max(active_ref[pl.ds(at, b)]) != 0
+
+    def finish(pivots, flags):
+        pivot_ref[...] = pivots
+        flags_ref[...] = flags
+        if record_ref is not None:
+            record_ref[pl.ds(at, b)] = (flags >> 3) & 1
 
     @pl.when(busy)
     def _():
-        load = lambda ref: tuple(ref[pl.ds(off, width), :] for off, width in pieces)
-        _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (load(xs_ref), load(zs_ref), signs, zeros, zeros))
-        pivot_ref[...] = pivots
-        flags_ref[...] = flags
+        _, _, _, pivots, flags = lax.fori_loop(0, b, collapse, (*load(), signs, zeros, zeros))
+        finish(pivots, flags)
 
     @pl.when(jnp.logical_not(busy))  # a block of padding slots: nothing collapses
     def _():
-        pivot_ref[...] = zeros
-        flags_ref[...] = signs << 3
+        finish(zeros, signs << 3)
         for off, width in pieces:
             kmask_ref[:, pl.ds(off, width)] = jnp.zeros((b, width), jnp.uint32)
 
@@ -363,8 +369,10 @@ def _window(pieces):
 
 
 def _plan_kernel(xs_ref, zs_ref, signs_ref, active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref, *, packed_counts):
-    _plan_program(xs_ref, zs_ref, signs_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref,
-                  packed_counts=packed_counts)
+    w = xs_ref.shape[0]
+    load = lambda ref: tuple(ref[pl.ds(off, width), :] for off, width in plan_chunks(w))
+    _plan_program(lambda: (load(xs_ref), load(zs_ref)), w, signs_ref[...], active_ref, guesses_ref, pivot_ref,
+                  kmask_ref, flags_ref, packed_counts=packed_counts)
 
 
 def _packed_counts(words: int) -> bool:
@@ -424,9 +432,15 @@ TABLE_FANOUTS = 8  # fan-outs one lookup table of the apply combines (2^8 entrie
 REPLAY_WORDS = 32  # words a replay_inputs program builds (10,000 qubits on an H100: 32 54.0 ms, 128 56.2)
 
 
-def _replay_kernel(pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, *, cw):
+def _replay_kernel(*refs, cw, following):
     """Program (g, c): the pivot columns of the block (each program works them out: a few (b, b)
-    comparisons), the fan-outs TABLE_FANOUTS g.. off the pivots in words c cw.., and their table."""
+    comparisons), the fan-outs TABLE_FANOUTS g.. off the pivots in words c cw.., and their table; with
+    `following`, also the next block's measured rows TABLE_FANOUTS g.. in those words (and their signs)."""
+    if following:
+        (pivot_ref, flags_ref, kmask_ref, xs_ref, zs_ref, signs_ref, qubits_ref, block_ref,
+         steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, nx_ref, nz_ref, nsigns_ref) = refs
+    else:
+        pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref = refs
     g, c = pl.program_id(0), pl.program_id(1)
     b = pivot_ref.shape[0]
     one = jnp.uint32(1)
@@ -451,6 +465,13 @@ def _replay_kernel(pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref,
         kext_ref[j, cols] = kext
         table = table ^ jnp.where(((entry >> i) & 1)[:, None] == 1, kext[None, :], jnp.uint32(0))
     tables_ref[pl.ds(g * entries, entries), cols] = table
+    if following:  # rows N + q of the slots' qubits q (the tableau as it is before this block's apply)
+        n = xs_ref.shape[0] // 2
+        start = block_ref[0] * b
+        rows = n + qubits_ref[pl.ds(start + g * TABLE_FANOUTS, TABLE_FANOUTS)]
+        mine = pl.ds(g * TABLE_FANOUTS, TABLE_FANOUTS)
+        nx_ref[mine, cols] = xs_ref[rows[:, None], col[None, :]]
+        nz_ref[mine, cols] = zs_ref[rows[:, None], col[None, :]]
 
     @pl.when(g == 0)
     def _():
@@ -464,55 +485,58 @@ def _replay_kernel(pivot_ref, flags_ref, kmask_ref, steps_ref, kp_ref, kext_ref,
         at = (kmask_ref[slots[:, None], word[None, :]] >> shift[None, :]) & one
         kp_ref[...] = jnp.sum(jnp.where(first[None, :], at << slots.astype(jnp.uint32)[None, :], jnp.uint32(0)),
                               axis=1, dtype=jnp.uint32)
+        if following:
+            nsigns_ref[...] = signs_ref[n + qubits_ref[pl.ds(start, b)]]
 
 
 @partial(jax.jit, static_argnames=("interpret",))
-def replay_inputs(pivot, kmask, flags, interpret: bool = False):
+def replay_inputs(pivot, kmask, flags, following=None, interpret: bool = False):
     """apply_rows's block arguments from a plan (pivot (b,), kmask (b, W), flags (b,) as plan_rows
-    returns them), in one launch: (steps, kp, kext, tables, pmask), as tableau._replay makes them."""
+    returns them), in one launch: (steps, kp, kext, tables, pmask), as tableau._replay makes them.
+
+    following: (xs, zs, signs, qubits, block): the tableau (2N, W) and its signs (2N,) int32, the slots'
+    qubits (K,) int32 and a block index (1,) int32; the launch then also returns that block's measured
+    rows, xs, zs and signs at N + qubits[b block:b block + b], as apply_rows's lookahead takes them (read
+    before the apply that follows changes them)."""
     b, w = kmask.shape
     if b % TABLE_FANOUTS or block_words(w) is None:
         raise ValueError(f"a block of {b} fan-outs of {w} words cannot be blocked")
     cw = min(block_words(w), REPLAY_WORDS)
+    out_shape = (jax.ShapeDtypeStruct((5, b), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.uint32),
+                 jax.ShapeDtypeStruct((b, w), jnp.uint32),
+                 jax.ShapeDtypeStruct((b // TABLE_FANOUTS << TABLE_FANOUTS, w), jnp.uint32),
+                 jax.ShapeDtypeStruct((w,), jnp.uint32))
+    if following is not None:
+        out_shape += (jax.ShapeDtypeStruct((b, w), jnp.uint32), jax.ShapeDtypeStruct((b, w), jnp.uint32),
+                      jax.ShapeDtypeStruct((b,), jnp.int32))
     return pl.pallas_call(
-        partial(_replay_kernel, cw=cw),
+        partial(_replay_kernel, cw=cw, following=following is not None),
         grid=(b // TABLE_FANOUTS, w // cw),
-        out_shape=(jax.ShapeDtypeStruct((5, b), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.uint32),
-                   jax.ShapeDtypeStruct((b, w), jnp.uint32),
-                   jax.ShapeDtypeStruct((b // TABLE_FANOUTS << TABLE_FANOUTS, w), jnp.uint32),
-                   jax.ShapeDtypeStruct((w,), jnp.uint32)),
+        out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
-    )(pivot, flags, kmask)
+    )(pivot, flags, kmask, *(following or ()))
 
 
 def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
-    """Programs of APPLY_ROWS rows apply the block (skipping those `skip` names). With `lookahead`,
-    program 0 instead applies it to the next block's measured rows (a copy taken before this launch)
-    and then plans that block on them (_plan_program), while the others apply: the next plan costs
-    no launch of its own and overlaps this one's apply."""
+    """Programs of APPLY_ROWS rows apply the block (skipping those `skip` names), the signs in place. With
+    `lookahead`, program 0 instead applies it to the next block's measured rows (a copy taken before this
+    launch) and then plans that block on them (_plan_program), writing its outcomes to the record, while
+    the others apply: the next plan costs no launch of its own and overlaps this one's apply."""
     if lookahead:
-        (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, signs_ref, active_ref, guesses_ref,
-         _, _, _, _, xs_ref, zs_ref, flip_ref, nx_ref, nz_ref, nflip_ref, pivot_ref, kmask_ref, flags_ref, nwindow_ref,
-         tx_ref, tz_ref) = refs
+        (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, active_ref, guesses_ref,
+         *_, xs_ref, zs_ref, signs_ref, nx_ref, nz_ref, nsigns_ref, record_ref, block_ref, pivot_ref, kmask_ref, flags_ref,
+         nwindow_ref) = refs
     else:
-        steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, _, _, xs_ref, zs_ref, flip_ref = refs
+        steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, *_, xs_ref, zs_ref, signs_ref = refs
     apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, window_ref[0], window_ref[1],
                     b=b, nb=nb, bw=bw, sync=sync)
 
     def rows_block(program):
-        r0 = program * APPLY_ROWS
         # rows the block's collapses leave as they are: those `skip` names, and every row if none is random
         # (read here, not by a kernel of its own a block)
         idle = (skip_ref[program] != 0) | (jnp.max(steps_ref[4, :] & 1) == 0)
-
-        @pl.when(idle)
-        def _():
-            flip_ref[pl.ds(r0, APPLY_ROWS)] = jnp.zeros(APPLY_ROWS, jnp.int32)
-
-        @pl.when(jnp.logical_not(idle))
-        def _():
-            apply(xs_ref, zs_ref, flip_ref, r0)
+        pl.when(jnp.logical_not(idle))(partial(apply, xs_ref, zs_ref, signs_ref, program * APPLY_ROWS))
 
     program = pl.program_id(0)  # read here: the interpreter knows it only outside conditionals
     if not lookahead:
@@ -522,24 +546,26 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
     @pl.when(program == 0)
     def _():
         def next_rows(k, carry):
-            apply(nx_ref, nz_ref, nflip_ref, k * APPLY_ROWS)
+            apply(nx_ref, nz_ref, nsigns_ref, k * APPLY_ROWS)
             return carry
 
         lax.fori_loop(0, nx_ref.shape[0] // APPLY_ROWS, next_rows, 0)
-        sync()  # the rows other threads wrote, transposed for the plan, piece by piece
-        support = []
-        for off, width in plan_chunks(nx_ref.shape[1]):
-            piece = pl.ds(off, width)
-            rows = nx_ref[:, piece]
-            tx_ref[piece, :] = rows.T
-            tz_ref[piece, :] = nz_ref[:, piece].T
-            support.append((jnp.max((rows != 0).astype(jnp.int32), axis=0) != 0, off))
+        sync()  # the rows other threads wrote, for the plan (transposed, piece by piece)
+        w = nx_ref.shape[1]
+        pieces = plan_chunks(w)
+        support = [(jnp.max((nx_ref[:, pl.ds(off, width)] != 0).astype(jnp.int32), axis=0) != 0, off)
+                   for off, width in pieces]
         lo, hi = _window(support)
         nwindow_ref[0] = lo
         nwindow_ref[1] = hi
-        sync()
-        _plan_program(tx_ref, tz_ref, signs_ref[...] ^ nflip_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref,
-                      flags_ref, packed_counts=packed_counts)
+        # transposed in registers (through a scratch array in global memory the measurement at 10,000 qubits
+        # took 50.1-50.2 ms against 49.0-49.9 ms, H100, 2026-11-27)
+        load = lambda: tuple(tuple(ref[:, pl.ds(off, width)].T for off, width in pieces) for ref in (nx_ref, nz_ref))
+        block = block_ref[0]
+        _plan_program(load, w, nsigns_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref,
+                      packed_counts=packed_counts, at=block * b, record_ref=record_ref)
+        sync()  # every thread has read the block's index
+        block_ref[0] = block + 1
 
     @pl.when(program > 0)
     def _():
@@ -554,9 +580,10 @@ def _next_tile(queue, load, k):
     return queue[0], queue[1:] + (load(k + len(queue)),)
 
 
-def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, xs_ref, zs_ref, flip_ref, r0, *, b, nb,
+def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, xs_ref, zs_ref, signs_ref, r0, *, b, nb,
                    bw, sync):
     block = pl.ds(r0, APPLY_ROWS)
+    signs = signs_ref[block]  # read before the barriers below: every thread's read precedes the write at the end
     rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
     one = jnp.uint32(1)
     slots = jnp.arange(b, dtype=jnp.uint32)
@@ -652,60 +679,58 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     set_pivots(xs_ref, x)
     set_pivots(zs_ref, z)
     # signs: i^(Ys before - Ys after + the pivots' phases) is -1
-    flip_ref[block] = (((ys - _popcount(x & z) + phase) & 3) == 2).astype(jnp.int32)
+    signs_ref[block] = signs ^ (((ys - _popcount(x & z) + phase) & 3) == 2).astype(jnp.int32)
 
 
-@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1))
-def apply_rows(xs, zs, steps, kp, kext, tables, pmask, skip, window=None, lookahead=None, interpret: bool = False):
-    """tableau._apply_block's collapses on every row, xs and zs updated in place: each row's bits at
-    the pivots, its fan-out parities, the b collapses replayed on those words, the fan-outs (kext (b,
-    W), off the pivot columns pmask (W,)) XORed into its x words by its controls, the pivots' new bits.
-    steps (5, b) int32: pivot word, shift, first (the distinct pivots), slot, flags (bit 0 random,
-    1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns as slot bits; tables (b / F * 2^F,
-    W), F = TABLE_FANOUTS: row 2^F g + v the XOR of the fan-outs F g + i for the set bits i of v
-    (M4RI's lookup); skip (R / APPLY_ROWS,) int32: nonzero for blocks of rows the collapses leave
-    unchanged, which are not read (nor is any row when no collapse of the block is random); window (2,)
-    int32: the block's words [lo, hi) as plan_rows returns it (None: every word), the only words the
-    passes over the rows read. Returns (xs, zs, flip (R,) int32: 1 where the row's sign
-    flips).
+@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1, 2))
+def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None, lookahead=None, interpret: bool = False):
+    """tableau._apply_block's collapses on every row, xs, zs and signs (R,) int32 0/1 updated in place:
+    each row's bits at the pivots, its fan-out parities, the b collapses replayed on those words, the
+    fan-outs (kext (b, W), off the pivot columns pmask (W,)) XORed into its x words by its controls, the
+    pivots' new bits, the sign flips. steps (5, b) int32: pivot word, shift, first (the distinct
+    pivots), slot, flags (bit 0 random, 1 use_yz, 2 fix); kp (b,) uint32 each fan-out's pivot columns
+    as slot bits; tables (b / F * 2^F, W), F = TABLE_FANOUTS: row 2^F g + v the XOR of the fan-outs
+    F g + i for the set bits i of v (M4RI's lookup); skip (R / APPLY_ROWS,) int32: nonzero for blocks of
+    rows the collapses leave unchanged, which are not read (nor is any row when no collapse of the block
+    is random); window (2,) int32: the block's words [lo, hi) as plan_rows returns it (None: every
+    word), the only words the passes over the rows read. Returns (xs, zs, signs).
 
-    lookahead: the next block's measured rows as they are before this apply, (xs, zs, signs, active,
-    guesses) as plan_rows takes them: the same launch also plans that block on them after this apply,
-    and returns (xs, zs, flip, (pivot, kmask, flags, window)) as plan_rows does."""
+    lookahead: the next block, (xs, zs, signs, active, guesses, block, record): its measured rows as they
+    are before this apply (b, W) and their signs (b,), every slot's choices active and guesses (K,)
+    int32 0/1 of which the block's are [b block, b block + b) (block (1,) int32), and the record (K,)
+    int32. The same launch also plans that block on its rows after this apply, writes its outcomes to
+    those slots of the record, advances block by one (in place: the measure loop's count, which no
+    XLA kernel then copies out of the loop's counter each block), and returns (xs, zs, signs, record,
+    block, (pivot, kmask, flags, window)) with the plan as plan_rows's."""
     r, w = xs.shape
     if r % APPLY_ROWS or block_words(w) is None:
         raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
     b, bw = kext.shape[0], min(block_words(w), APPLY_WORDS)
-    out_shape = [jax.ShapeDtypeStruct(xs.shape, xs.dtype), jax.ShapeDtypeStruct(zs.shape, zs.dtype),
-                 jax.ShapeDtypeStruct((r,), jnp.int32)]
     if window is None:
         window = jnp.array([0, w], jnp.int32)
-    args, aliases, extra = [steps, kp, kext, tables, pmask, skip, window], {7: 0, 8: 1}, 0
-    packed, warps = False, APPLY_WARPS
+    state = [xs, zs, signs]
+    args = [steps, kp, kext, tables, pmask, skip, window]
+    packed, warps, extra, out_shape = False, APPLY_WARPS, 0, []
     if lookahead is not None:
-        nx, nz, signs, active, guesses = lookahead
+        nx, nz, nsigns, active, guesses, block, record = lookahead
         nb_, wp = nx.shape
         if nb_ % APPLY_ROWS:
             raise ValueError(f"the next block's {nb_} rows are not a multiple of APPLY_ROWS = {APPLY_ROWS}")
-        args += [signs, active, guesses]
-        aliases = {10: 0, 11: 1, 12: 3, 13: 4}
-        out_shape += [jax.ShapeDtypeStruct(nx.shape, nx.dtype), jax.ShapeDtypeStruct(nz.shape, nz.dtype),
-                      jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_,), jnp.int32),
-                      jax.ShapeDtypeStruct((nb_, wp), jnp.uint32), jax.ShapeDtypeStruct((nb_,), jnp.int32),
-                      jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((wp, nb_), jnp.uint32), jax.ShapeDtypeStruct((wp, nb_), jnp.uint32)]
+        args += [active, guesses]
+        state += [nx, nz, nsigns, record, block]
+        out_shape = [jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_, wp), jnp.uint32),
+                     jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32)]
         packed, warps, extra = _packed_counts(w), LOOKAHEAD_WARPS, 1
-    args += [xs, zs] + ([nx, nz] if lookahead is not None else [])
-    sync = _barrier(interpret)
     out = pl.pallas_call(
         partial(_apply_kernel, b=b, nb=w // bw, bw=bw, lookahead=lookahead is not None, packed_counts=packed,
-                sync=sync),
+                sync=_barrier(interpret)),
         grid=(extra + r // APPLY_ROWS,),
-        out_shape=tuple(out_shape),
-        input_output_aliases=aliases,
+        out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state) + tuple(out_shape),
+        input_output_aliases={len(args) + i: i for i in range(len(state))},
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=APPLY_STAGES),
         interpret=interpret,
-    )(*args)
+    )(*args, *state)
     if lookahead is None:
         return out
-    xs, zs, flip, _, _, _, pivot, kmask, flags, window, _, _ = out
-    return xs, zs, flip, (pivot, kmask, flags, window)
+    xs, zs, signs, _, _, _, record, block, pivot, kmask, flags, window = out
+    return xs, zs, signs, record, block, (pivot, kmask, flags, window)

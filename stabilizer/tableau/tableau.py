@@ -433,17 +433,14 @@ def _apply_block(t: Tableau, plan: _Plan, kernel: str = "jax", skip=None) -> Tab
     return Tableau(xs, zs, t.signs ^ flip)
 
 
-def _apply_planned(t: Tableau, planned, skip, interpret: bool, lookahead=None):
-    """Step 2 on the kernel path, from a plan as the kernels return it (pivot, kmask, flags, window): two launches,
-    kernels.replay_inputs and kernels.apply_rows. With `lookahead` (the next block's measured rows,
-    taken before this step, and its choices: _plan_args), the apply launch also plans that block;
-    returns (t, its plan as the kernels return it)."""
+def _apply_planned(t: Tableau, planned, skip, interpret: bool) -> Tableau:
+    """Step 2 on the kernel path, from a plan as the kernels return it (pivot, kmask, flags, window): two
+    launches, kernels.replay_inputs and kernels.apply_rows (the measure loop makes them itself, with the
+    next block's plan in the apply's launch)."""
     *plan, window = planned
-    inputs = kernels.replay_inputs(*plan, interpret=interpret)
-    xs, zs, flip, *following = kernels.apply_rows(t.xs, t.zs, *inputs, skip, window, lookahead=lookahead,
-                                                  interpret=interpret)
-    t = Tableau(xs, zs, t.signs ^ (flip == 1))
-    return t if lookahead is None else (t, *following)
+    xs, zs, signs = kernels.apply_rows(t.xs, t.zs, t.signs.astype(jnp.int32), *kernels.replay_inputs(*plan, interpret=interpret),
+                                       skip, window, interpret=interpret)
+    return Tableau(xs, zs, signs == 1)
 
 
 def _settled(t: Tableau):
@@ -493,23 +490,32 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     # three processes each; the extra launch costs about 0.15 ms). Rows no collapse of the op reads or
     # changes are skipped (a measured row is not among them once collapsed: it is Z at its pivot times Zs
     # elsewhere, and later fan-outs change its z bits). Plans stay as the kernels return them (pivot,
-    # kmask, flags, window).
+    # kmask, flags, window); the signs, slots and outcomes stay int32 through the loop, the apply
+    # updating the signs in place and each plan writing its block's outcomes; the replay launch also
+    # copies out the next block's measured rows, and the apply advances the block's index, so a block
+    # launches its two kernels and the loop's count, not also small kernels for the gather, conversions,
+    # sign XORs, the record or copies of the count (measure-all at 10,000 qubits on an H100, 2026-11-26:
+    # a block every 124 us, was 130).
     interpret = mode == "interpret"
     skip = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)  # (a block with no
     # random collapse skips every row: the kernel reads that from its plan)
-    outcome = lambda planned: (planned[2] >> 3) & 1 == 1
+    # through the loop as the kernels take them (int32 0/1; the slots of one more block, all inactive,
+    # for the last launch to plan); the record is written by the plans
+    slots = lambda a: jnp.concatenate([a.astype(jnp.int32), jnp.zeros(b, jnp.int32)])
+    qubits, active, guesses = slots(qubits), slots(active), slots(guesses)
     none_planned = (jnp.zeros(b, jnp.int32), jnp.zeros((b, t.xs.shape[1]), jnp.uint32), jnp.zeros(b, jnp.int32),
                     jnp.zeros(2, jnp.int32))
 
-    def block(i, carry):
-        t, outcomes, planned = carry
-        following = _plan_args(measured(t, i), part(active, i) & (i < blocks), part(guesses, i))  # i = blocks: none
-        t, following = _apply_planned(t, planned, skip, interpret, lookahead=following)
-        # block i - 1's outcomes (launch 0 writes its plan of nothing at block 0, which launch 1 overwrites)
-        return t, record(outcomes, outcome(planned), jnp.maximum(i - 1, 0)), following
+    def block(_, carry):  # the block's index is carried as the kernels advance it (an array, not the loop's count)
+        xs, zs, signs, bits, i, planned = carry
+        *plan, window = planned
+        *inputs, nx, nz, nsigns = kernels.replay_inputs(*plan, following=(xs, zs, signs, qubits, i), interpret=interpret)
+        return kernels.apply_rows(xs, zs, signs, *inputs, skip, window, lookahead=(nx, nz, nsigns, active, guesses, i, bits),
+                                  interpret=interpret)
 
-    t, outcomes, _ = lax.fori_loop(0, blocks + 1, block, (t, outcomes, none_planned))
-    return t, outcomes[:k]
+    start = (t.xs, t.zs, t.signs.astype(jnp.int32), jnp.zeros(k + pad + b, jnp.int32), jnp.zeros(1, jnp.int32), none_planned)
+    xs, zs, signs, bits, _, _ = lax.fori_loop(0, blocks + 1, block, start)
+    return Tableau(xs, zs, signs == 1), bits[:k] == 1
 
 
 @partial(jax.jit, static_argnames=("kernel",), donate_argnums=(0,))

@@ -178,25 +178,47 @@ def test_plan_and_apply_kernels_equal_the_pure_rules(n, seed):
 
 @pytest.mark.parametrize("n,seed", [(40, 6), (300, 7)])
 def test_apply_launch_that_plans_the_next_block_equals_apply_then_plan(n, seed):
-    """kernels.apply_rows with a lookahead: the tableau of the plain apply, and the next block's plan
-    as plan_rows makes it from that block's rows after the apply (rows some of which the apply changes,
-    some slots inactive)."""
+    """The measure loop's two launches: replay_inputs copies out the next block's measured rows (block 1
+    of the slots, read before the apply), and apply_rows with that lookahead gives the tableau of the
+    plain apply and the next block's plan as plan_rows makes it from that block's rows after the apply
+    (rows some of which the apply changes, some slots inactive), its choices read from its own slots and
+    its outcomes written to its slots of the record, nowhere else; the block's index advanced."""
     t, rows, active, guesses = _measured_rows(n, seed)
     plan = T._plan_block(rows, active, guesses, KERNEL)
     rng = np.random.default_rng(seed + 100)
-    following = t.capacity + jnp.asarray(rng.permutation(n)[: T.MEASURE_BLOCK] % n)
-    f_active, f_guesses = jnp.asarray(rng.random(T.MEASURE_BLOCK) < 0.85), jnp.asarray(rng.random(T.MEASURE_BLOCK) < 0.5)
+    b = T.MEASURE_BLOCK
+    qubits = jnp.asarray(rng.permutation(n)[:b] % n, dtype=jnp.int32)
+    f_active, f_guesses = jnp.asarray(rng.random(b) < 0.85), jnp.asarray(rng.random(b) < 0.5)
     copy = lambda t: jax.tree_util.tree_map(jnp.copy, t)
     skip = jnp.zeros(t.xs.shape[0] // K.APPLY_ROWS, jnp.int32)
     applied = T._apply_block(copy(t), plan, KERNEL, skip)
-    want = T._plan_block(T.Tableau(*(a[following] for a in applied)), f_active, f_guesses, KERNEL)
-    got_t, got_plan = T._apply_planned(copy(t), T._plan_for_kernel(plan), skip, KERNEL == "interpret",
-                                       lookahead=T._plan_args(T.Tableau(*(a[following] for a in t)), f_active, f_guesses))
+    want = T._plan_block(T.Tableau(*(a[t.capacity + qubits] for a in applied)), f_active, f_guesses, KERNEL)
+    # block 1 of three; the other blocks' slots hold other qubits and the opposite choices
+    slots = lambda v, other: jnp.concatenate([other[:b], v, other[:3]]).astype(jnp.int32)
+    choices = lambda v: slots(v.astype(jnp.int32), 1 - v.astype(jnp.int32))
+    *planned, window = T._plan_for_kernel(plan)
+    interpret = KERNEL == "interpret"
+    t0, block = copy(t), jnp.array([1], jnp.int32)
+    signs = t0.signs.astype(jnp.int32)
+    *inputs, nx, nz, nsigns = K.replay_inputs(*planned, following=(t0.xs, t0.zs, signs, slots(qubits, qubits[::-1]), block),
+                                              interpret=interpret)
+    for a, got in zip(t, (nx, nz, nsigns == 1)):
+        np.testing.assert_array_equal(np.asarray(a[t.capacity + qubits]), np.asarray(got))
+    for a, got in zip(K.replay_inputs(*planned, interpret=interpret), inputs):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(got))
+    xs, zs, signs, record, block, got_plan = K.apply_rows(
+        t0.xs, t0.zs, signs, *inputs, skip, window,
+        lookahead=(nx, nz, nsigns, choices(f_active), choices(f_guesses), block, jnp.full(2 * b + 3, 7, jnp.int32)),
+        interpret=interpret)
     got_plan = T._plan_from_kernel(*got_plan)
-    for a, b in zip(applied, got_t):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for name, a, b in zip(want._fields, want, got_plan):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+    for a, b_ in zip(applied, (xs, zs, signs == 1)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b_))
+    for name, a, b_ in zip(want._fields, want, got_plan):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b_), err_msg=name)
+    record = np.asarray(record)
+    np.testing.assert_array_equal(record[b:2 * b], np.asarray(want.outcome).astype(np.int32))
+    assert (record[:b] == 7).all() and (record[2 * b:] == 7).all()
+    assert np.asarray(block).tolist() == [2]  # advanced for the next launch
 
 
 @settings(max_examples=12, deadline=None)
@@ -272,7 +294,7 @@ def _narrow_kernels(monkeypatch):
     monkeypatch.setattr(K, "APPLY_WORDS", 1)
     monkeypatch.setattr(K, "REWRITE_WORDS", 1)
     monkeypatch.setattr(K, "apply_rows", jax.jit(K.apply_rows.__wrapped__, static_argnames=("interpret",),
-                                                 donate_argnums=(0, 1)))
+                                                 donate_argnums=(0, 1, 2)))
 
 
 @pytest.mark.parametrize("lo,span", [(0, 1), (7, 1), (3, 2), (2, 5), (0, 8)])
