@@ -87,9 +87,13 @@ def pack(bits) -> jax.Array:
 
 # ---- tableau: prepend a window of gates --------------------------------------------------------------
 
-def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref, *, num_rows, bw):
+def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref, *, num_rows, bw, live):
     del xs_in, zs_in  # aliased with xs_ref, zs_ref
     i, j = pl.program_id(0), pl.program_id(1)
+    # words from `live` on are zero in every row a gate touches: neither loaded nor stored
+    mask = None if live is None else (j * bw + jnp.arange(bw, dtype=jnp.int32)) < live
+    load = lambda ref, row: ref[row, pl.ds(j * bw, bw)] if mask is None else plgpu.load(
+        ref.at[row, pl.ds(j * bw, bw)], mask=mask, other=0)
     active = rows_ref[i, 0] >= 0
 
     @pl.when(~active)
@@ -101,8 +105,8 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
     def _():
         cols = pl.ds(j * bw, bw)
         rows = [rows_ref[i, f] for f in range(num_rows)]
-        fx = [xs_ref[r, cols] for r in rows]
-        fz = [zs_ref[r, cols] for r in rows]
+        fx = [load(xs_ref, r) for r in rows]
+        fz = [load(zs_ref, r) for r in rows]
         outs = []
         for g in range(num_rows):
             code = codes_ref[i, g]
@@ -120,8 +124,12 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
             phase = jnp.sum(_popcount(c1), dtype=jnp.int32) + 2 * jnp.sum(_popcount(c2), dtype=jnp.int32)
             outs.append((x, z, phase))
         def store(row, x, z):
-            xs_ref[row, cols] = x
-            zs_ref[row, cols] = z
+            if mask is None:
+                xs_ref[row, cols] = x
+                zs_ref[row, cols] = z
+            else:
+                plgpu.store(xs_ref.at[row, cols], x, mask=mask)
+                plgpu.store(zs_ref.at[row, cols], z, mask=mask)
 
         for g, (x, z, phase) in enumerate(outs):
             phase_ref[i, g, j] = phase
@@ -129,21 +137,24 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
             pl.when(codes_ref[i, g] != (1 << g))(partial(store, rows[g], x, z))
 
 
-@partial(jax.jit, static_argnames=("interpret",), donate_argnums=(0, 1))
-def prepend_rows(xs, zs, rows, codes, interpret: bool = False):
+@partial(jax.jit, static_argnames=("live_words", "interpret"), donate_argnums=(0, 1))
+def prepend_rows(xs, zs, rows, codes, live_words: int | None = None, interpret: bool = False):
     """In place: for each slot i with rows[i, 0] >= 0, row rows[i, g] becomes the product of the rows
     rows[i, f] for the bits f of codes[i, g] (the old rows, in order f = 0, 1, ...).
 
-    xs, zs (R, W) uint32; rows, codes (K, G) int32. Returns (xs, zs, phase (K, G)): the exponent of i
-    of each product, mod 4 (signs of the factors not included), 0 for inactive slots.
+    xs, zs (R, W) uint32; rows, codes (K, G) int32; live_words: the rows' words from this one on are zero
+    in every row the slots name (qubits past the state's), so the kernel neither reads nor writes them
+    (None: every word). Returns (xs, zs, phase (K, G)): the exponent of i of each product, mod 4 (signs
+    of the factors not included), 0 for inactive slots.
     """
     k, g = rows.shape
     words = xs.shape[1]
     bw = block_words(words)
     if bw is None:
         raise ValueError(f"rows of {words} words cannot be blocked (use kernels.padded_words)")
-    nb = words // bw
-    kernel = partial(_prepend_kernel, num_rows=g, bw=bw)
+    live = words if live_words is None else max(1, min(live_words, words))
+    nb = -(-live // bw)
+    kernel = partial(_prepend_kernel, num_rows=g, bw=bw, live=None if live == nb * bw else live)
     xs, zs, phase = pl.pallas_call(
         kernel,
         grid=(k, nb),

@@ -260,7 +260,8 @@ class TableauSimulator:
         structure, tables = prog.structure(), program.device_tables(prog)
         guesses = jnp.asarray(self._rng.integers(2, size=prog.num_measurements).astype(bool))
         key = jax.random.key(int(self._rng.integers(2**62)))
-        self._tableau, record = tableau.run_program(structure, tables, self._tableau, guesses, key, noisy=True)
+        self._tableau, record = tableau.run_program(structure, tables, self._tableau, guesses, key, noisy=True,
+                                                    live_qubits=self._n + 1)  # + 1: the spare
         self._record.extend(np.asarray(record).tolist())
 
     def _do_instruction(self, ins: CircuitInstruction) -> None:

@@ -123,14 +123,17 @@ def _products_jax(xs, zs, rows, codes):
     return xs, zs, jnp.where(rows[:, :1] >= 0, jnp.stack(phases, 1) % 4, 0)
 
 
-@partial(jax.jit, static_argnames=("arity", "kernel"), donate_argnums=(0,))
-def prepend(t: Tableau, qubits, image, sign, active, arity: int, kernel: str = "auto") -> Tableau:
+@partial(jax.jit, static_argnames=("arity", "kernel", "live_qubits"), donate_argnums=(0,))
+def prepend(t: Tableau, qubits, image, sign, active, arity: int, kernel: str = "auto",
+            live_qubits: int | None = None) -> Tableau:
     """Apply gates on disjoint qubits: qubits (k, arity) int32; image, sign (k, 4**arity) the Heisenberg
     action P -> G^dagger P G of each gate on local Pauli codes (bit 2j: x of qubit j, 2j+1: z);
     active (k,) bool: padding slots are False and do nothing.
 
     kernel: "auto" (the Pallas kernel on GPUs, pure JAX elsewhere), "jax", "pallas" or "interpret"
-    (the Pallas kernel interpreted on any backend, for tests).
+    (the Pallas kernel interpreted on any backend, for tests). live_qubits: no gate so far, these
+    included, has touched a qubit from this one on (so the rows the gates name have no bits there: the
+    kernel skips those words; the capacity rounds 10,001 qubits up to 12,288); None: every qubit.
     """
     n = t.capacity
     rows = jnp.concatenate([jnp.stack([qubits[:, j], n + qubits[:, j]], axis=1) for j in range(arity)], axis=1)
@@ -141,7 +144,8 @@ def prepend(t: Tableau, qubits, image, sign, active, arity: int, kernel: str = "
     if mode == "jax":
         xs, zs, phase = _products_jax(t.xs, t.zs, rows, codes)
     else:
-        xs, zs, phase = kernels.prepend_rows(t.xs, t.zs, rows, codes, interpret=mode == "interpret")
+        live = None if live_qubits is None else -(-live_qubits // WORD)
+        xs, zs, phase = kernels.prepend_rows(t.xs, t.zs, rows, codes, live_words=live, interpret=mode == "interpret")
     # T(P_code) = i^{#Y} T(X_a)^{x_a} T(Z_a)^{z_a} ...: add the factors' signs, the Ys and the image sign
     factor_signs = t.signs[jnp.maximum(rows, 0)].astype(jnp.int32)  # (k, G)
     uses = (codes[:, :, None] >> jnp.arange(2 * arity)) & 1  # (k, G generators, G factors)
@@ -538,11 +542,12 @@ class _Carry(NamedTuple):
     chain: jax.Array  # bool: the current E / ELSE chain has fired
 
 
-def _op_gate(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
+def _op_gate(c: _Carry, row, key, noisy, kernel: str = "jax", live_qubits: int | None = None) -> _Carry:
     _, _, images, signs = gate_catalogue()
     number = row["gate"].astype(jnp.int32)  # each slot's gate (a merged op mixes them)
     image, sign = jnp.asarray(images)[number], jnp.asarray(signs)[number]
-    return c._replace(t=prepend(c.t, row["q"], image, sign, row["active"], arity=2, kernel=kernel))
+    return c._replace(t=prepend(c.t, row["q"], image, sign, row["active"], arity=2, kernel=kernel,
+                                live_qubits=live_qubits))
 
 
 def _op_measure(c: _Carry, row, key, noisy, kernel: str = "jax") -> _Carry:
@@ -644,19 +649,20 @@ def _measure_z_inner(t: Tableau, q, random_result, kernel: str = "jax", with_piv
     return out + (pivot,) if with_pivot else out
 
 
-@partial(jax.jit, static_argnames=("structure", "noisy", "kernel"), donate_argnums=(2,))
-def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel: str = "auto"):
+@partial(jax.jit, static_argnames=("structure", "noisy", "kernel", "live_qubits"), donate_argnums=(2,))
+def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel: str = "auto",
+                live_qubits: int | None = None):
     """Run a lowered program on tableau `t`: (final tableau, measurement record).
 
     guesses (M,) bool: the outcome each measurement takes if it is random; noisy: sample the noise
-    channels and measurement flips (else the run is noiseless, as a reference shot); kernel: as in
-    `prepend`.
+    channels and measurement flips (else the run is noiseless, as a reference shot); kernel, live_qubits:
+    as in `prepend` (no operation of the program or before it on `t` touches a qubit from live_qubits on).
     """
     m = guesses.shape[0]
     c = _Carry(t, jnp.zeros(m + 1, bool), jnp.zeros((), jnp.int32), jnp.concatenate([guesses, jnp.zeros(1, bool)]),
                jnp.zeros((), jnp.uint32), jnp.zeros((), bool))
     ops = [partial(op, noisy=noisy) for op in _OPS]
-    ops[GATE] = partial(_op_gate, noisy=noisy, kernel=kernel)
+    ops[GATE] = partial(_op_gate, noisy=noisy, kernel=kernel, live_qubits=live_qubits)
     ops[MEASURE] = partial(_op_measure, noisy=noisy, kernel=kernel)
     c = run_segments(structure, tables, c, ops, key)
     return c.t, c.record[:m]
@@ -665,5 +671,5 @@ def run_program(structure, tables, t: Tableau, guesses, key, noisy: bool, kernel
 def reference_record(structure, tables, num_qubits: int, num_measurements: int):
     """The noiseless record of a lowered program, random outcomes taken as 0 (Stim's reference sample)."""
     _, record = run_program(structure, tables, identity(num_qubits + 1), jnp.zeros(num_measurements, bool),
-                            jax.random.key(0), noisy=False)
+                            jax.random.key(0), noisy=False, live_qubits=num_qubits + 1)
     return record

@@ -60,6 +60,28 @@ def test_prepend_rows_equals_the_pure_rule(seed, arity, words):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("words,live", [(4, 3), (4, 1), (256, 200), (256, 128), (256, 129)])
+def test_prepend_rows_past_the_live_words_reads_and_writes_nothing(words, live):
+    """Rows with no bits from word `live` on (the qubits past the state's), the kernel told so: the same
+    rows and phases as the pure rule, and the words past `live` of every row, the slots' included, keep
+    whatever they held (here garbage, so a read or a write there shows)."""
+    rng = np.random.default_rng(words + live)
+    g, k = 4, 5
+    num_rows = 4 * k * 2
+    xs, zs = _random_words(rng, (num_rows, words)), _random_words(rng, (num_rows, words))
+    rows = rng.permutation(num_rows)[: k * g].reshape(k, g).astype(np.int32)
+    rows[1] = -1
+    codes = jnp.asarray(rng.integers(0, 2**g, size=(k, g)).astype(np.int32))
+    live_part = lambda a: a.at[:, live:].set(0)
+    want = T._products_jax(live_part(xs), live_part(zs), jnp.asarray(rows), codes)
+    got = K.prepend_rows(jnp.array(xs), jnp.array(zs), jnp.asarray(rows), codes, live_words=live,
+                         interpret=KERNEL == "interpret")
+    for a, b, before in zip(want, got, (xs, zs)):
+        np.testing.assert_array_equal(np.asarray(a)[:, :live], np.asarray(b)[:, :live])
+        np.testing.assert_array_equal(np.asarray(before)[:, live:], np.asarray(b)[:, live:])
+    np.testing.assert_array_equal(np.asarray(want[2]), np.asarray(got[2]))
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 4, 256]))
 def test_collapse_rows_equals_the_pure_rule(seed, words):
@@ -130,16 +152,20 @@ def _random_program_text(n: int, rng, depth: int) -> str:
 
 
 def test_tableau_program_with_the_kernel_equals_the_pure_program():
+    """Also with the gates told the qubits past n + 1 (n and the spare) are untouched: the kernel then skips
+    the words past them (2 of 16 here)."""
     rng = np.random.default_rng(11)
     n = 40
     prog = lowered(Circuit(_random_program_text(n, rng, 12)))
     guesses = jnp.asarray(rng.random(prog.num_measurements) < 0.5)
     runs = [T.run_program(prog.structure(), prog.tables(), T.identity(WIDE), guesses, jax.random.key(0),
-                          noisy=False, kernel=kernel) for kernel in ("jax", KERNEL)]
-    (t1, r1), (t2, r2) = runs
-    np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
-    for a, b in zip(t1, t2):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+                          noisy=False, kernel=kernel, live_qubits=live)
+            for kernel, live in (("jax", None), (KERNEL, None), (KERNEL, n + 1))]
+    (t1, r1), *others = runs
+    for t2, r2 in others:
+        np.testing.assert_array_equal(np.asarray(r1), np.asarray(r2))
+        for a, b in zip(t1, t2):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # ---- many measurements in blocks: the plan and apply kernels -------------------------------------------
