@@ -8,6 +8,14 @@
                                                      # PROFILE=1: the device's kernels of measure-all and gates
     python experiments/stabilizer_steps_probe.py measure-compile   # measure-all's program at NQ qubits: lowering and
                                                      # compiling alone, the persistent cache off
+    python experiments/stabilizer_steps_probe.py phases    # TableauSimulator.do on the measure-all circuit, its host
+                                                     # steps apart (each waited for), beside the whole call
+    python experiments/stabilizer_steps_probe.py timeline  # one measure-all run under the profiler (FULL=0: gates
+                                                     # only): the device's kernels in order around the middle
+                                                     # block, where the device idles, the host's events
+
+For an A/B of a change, run a mode against the previous commit's package first on PYTHONPATH
+(`git archive HEAD~1 stabilizer | tar -x -C /tmp/old`, then PYTHONPATH=/tmp/old:...), alternating.
 
 Writes probe_<mode>.json under $OUT (default /tmp). Run from the repository root."""
 import json, os, sys, time
@@ -143,6 +151,77 @@ if "measure-compile" in sys.argv:  # measure-all's program alone at NQ qubits: l
     lowered.compile()
     res |= {"lower_s": t1 - t0, "compile_s": time.perf_counter() - t1, "module": T.__file__,
             "triton_kernels": lowered.as_text().count("__gpu$xla.gpu.triton")}
+
+if "phases" in sys.argv:
+    from stabilizer.circuits import program
+    n = int(os.environ.get("NQ", 10000))
+    c = random_circuit(n, 100, 0, True, text=False)
+
+    def whole():
+        sim = st.TableauSimulator(seed=0, num_qubits=n); sim.do(c); jax.block_until_ready(sim._tableau)
+        sim.current_measurement_record()
+
+    whole(); whole()
+    names = ["ctor", "set_num_qubits", "lowered+tables", "guesses", "key", "dispatch", "run", "record", "whole_do"]
+    rows = []
+    for _ in range(6):  # _do_program's steps, each waited for, then the whole call
+        ts = [time.perf_counter()]
+        sim = st.TableauSimulator(seed=0, num_qubits=n); jax.block_until_ready(sim._tableau); ts.append(time.perf_counter())
+        sim.set_num_qubits(c.num_qubits); jax.block_until_ready(sim._tableau); ts.append(time.perf_counter())
+        prog = program.lowered(c, spare=sim._n, merge_gates=True, runs=True)
+        structure, tables = prog.structure(), program.device_tables(prog); ts.append(time.perf_counter())
+        guesses = jax.block_until_ready(jnp.asarray(sim._rng.integers(2, size=prog.num_measurements).astype(bool)))
+        ts.append(time.perf_counter())
+        key = jax.block_until_ready(jax.random.key(int(sim._rng.integers(2**62)))); ts.append(time.perf_counter())
+        _, record = T.run_program(structure, tables, sim._tableau, guesses, key, noisy=True); ts.append(time.perf_counter())
+        jax.block_until_ready(record); ts.append(time.perf_counter())
+        np.asarray(record).tolist(); ts.append(time.perf_counter())
+        t0 = time.perf_counter(); whole()
+        rows.append(list(np.diff(ts) * 1e3) + [(time.perf_counter() - t0) * 1e3])
+    res |= {"names": names, "best_ms": [round(float(x), 3) for x in np.min(np.array(rows), axis=0)],
+            "rows": [[round(float(x), 3) for x in r] for r in rows]}
+
+if "timeline" in sys.argv:
+    import collections, glob, gzip, tempfile
+    n = int(os.environ.get("NQ", 10000))
+    full = os.environ.get("FULL", "1") == "1"
+    c = random_circuit(n, 100, 0, full, text=False)
+
+    def run():
+        sim = st.TableauSimulator(seed=0, num_qubits=n); sim.do(c); jax.block_until_ready(sim._tableau)
+
+    for _ in range(3):
+        run()
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d, create_perfetto_trace=True); run(); jax.profiler.stop_trace()
+        trace = json.load(gzip.open(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    pids = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    on_gpu = lambda e: "GPU" in pids.get(e.get("pid"), "")
+    dev = sorted((e for e in events if e.get("ph") == "X" and on_gpu(e)), key=lambda e: e["ts"])
+    host = [e for e in events if e.get("ph") == "X" and not on_gpu(e)]
+    key = "apply" if full else "prepend"
+    mid = [i for i, e in enumerate(dev) if key in e["name"]]
+    if not mid:
+        raise SystemExit(f"timeline: no {key} kernel in the device's trace (it probes the GPU kernels)")
+    mid = mid[len(mid) // 2]
+    t0, start = dev[mid]["ts"], dev[0]["ts"]
+    res["device_mid"] = [(e["name"][:40], round(e["ts"] - t0, 1), round(e["dur"], 1)) for e in dev[mid - 2: mid + 20]]
+    idle = collections.Counter()
+    for a, b in zip(dev, dev[1:]):
+        idle[a["name"][:30] + " -> " + b["name"][:30]] += b["ts"] - a["ts"] - a["dur"]
+    res["idle_by_pair_us"] = [(k, round(v, 1)) for k, v in idle.most_common(25)]
+    marks = {}
+    for e in dev:
+        for k in ("prepend", "apply", "replay"):
+            if k in e["name"]:
+                marks.setdefault(k, [e["ts"], 0])[1] = e["ts"] + e["dur"]
+    res["marks_ms"] = {k: (round((a - start) / 1e3, 3), round((b - start) / 1e3, 3)) for k, (a, b) in marks.items()}
+    res["span_device_ms"] = (dev[-1]["ts"] + dev[-1]["dur"] - start) / 1e3
+    busy, count = collections.Counter(), collections.Counter()
+    for e in host:
+        busy[e["name"][:50]] += e["dur"]; count[e["name"][:50]] += 1
+    res["host_top"] = [(k, round(v / 1e3, 3), count[k]) for k, v in busy.most_common(40)]
 
 res["device"] = str(jax.devices()[0]); res["jax"] = jax.__version__
 print(json.dumps(res, indent=1))

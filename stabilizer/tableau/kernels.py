@@ -12,9 +12,9 @@
 * `plan_rows` and `apply_rows`: blocks of measurements (tableau.py's MEASURE_BLOCK section) instead
   of XLA loops of small kernels: the plan collapses the measured rows one after another in one
   program (its rows held transposed); `replay_inputs` makes the apply's inputs from a plan in one
-  launch; the apply replays the block's collapses on every row, a block of rows a program, and its
-  program 0 can plan the next block meanwhile (one launch a block: the plan, one long program on one
-  SM, runs beside the apply).
+  launch (and copies out the next block's measured rows); the apply replays the block's collapses on
+  every row, a block of rows a program, and its program 0 can plan the next block meanwhile and write
+  its outcomes (one launch a block: the plan, one long program on one SM, runs beside the apply).
 
 The pure-JAX versions (`stabilizer.tableau.tableau`) run everywhere; these run on GPUs
 (Triton) and, with `interpret=True`, on the CPU, where the tests check them against the pure rules.
@@ -123,6 +123,7 @@ def _prepend_kernel(rows_ref, codes_ref, xs_in, zs_in, xs_ref, zs_ref, phase_ref
                 c2 = c2 ^ (anti & minus) ^ carry
             phase = jnp.sum(_popcount(c1), dtype=jnp.int32) + 2 * jnp.sum(_popcount(c2), dtype=jnp.int32)
             outs.append((x, z, phase))
+
         def store(row, x, z):
             if mask is None:
                 xs_ref[row, cols] = x
