@@ -536,8 +536,8 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
     launch) and then plans that block on them (_plan_program), writing its outcomes to the record, while
     the others apply: the next plan costs no launch of its own and overlaps this one's apply."""
     if lookahead:
-        (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, active_ref, guesses_ref,
-         *_, xs_ref, zs_ref, signs_ref, nx_ref, nz_ref, nsigns_ref, record_ref, block_ref, pivot_ref, kmask_ref, flags_ref,
+        (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, active_ref, guesses_ref, block_ref,
+         *_, xs_ref, zs_ref, signs_ref, nx_ref, nz_ref, nsigns_ref, record_ref, pivot_ref, kmask_ref, flags_ref,
          nwindow_ref) = refs
     else:
         steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, *_, xs_ref, zs_ref, signs_ref = refs
@@ -573,11 +573,8 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
         # transposed in registers (through a scratch array in global memory the measurement at 10,000 qubits
         # took 50.1-50.2 ms against 49.0-49.9 ms, H100, 2026-11-27)
         load = lambda: tuple(tuple(ref[:, pl.ds(off, width)].T for off, width in pieces) for ref in (nx_ref, nz_ref))
-        block = block_ref[0]
         _plan_program(load, w, nsigns_ref[...], active_ref, guesses_ref, pivot_ref, kmask_ref, flags_ref,
-                      packed_counts=packed_counts, at=block * b, record_ref=record_ref)
-        sync()  # every thread has read the block's index
-        block_ref[0] = block + 1
+                      packed_counts=packed_counts, at=block_ref[0] * b, record_ref=record_ref)
 
     @pl.when(program > 0)
     def _():
@@ -711,9 +708,8 @@ def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None,
     are before this apply (b, W) and their signs (b,), every slot's choices active and guesses (K,)
     int32 0/1 of which the block's are [b block, b block + b) (block (1,) int32), and the record (K,)
     int32. The same launch also plans that block on its rows after this apply, writes its outcomes to
-    those slots of the record, advances block by one (in place: the measure loop's count, which no
-    XLA kernel then copies out of the loop's counter each block), and returns (xs, zs, signs, record,
-    block, (pivot, kmask, flags, window)) with the plan as plan_rows's."""
+    those slots of the record, and returns (xs, zs, signs, record, (pivot, kmask, flags, window)) with
+    the plan as plan_rows's."""
     r, w = xs.shape
     if r % APPLY_ROWS or block_words(w) is None:
         raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
@@ -728,8 +724,8 @@ def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None,
         nb_, wp = nx.shape
         if nb_ % APPLY_ROWS:
             raise ValueError(f"the next block's {nb_} rows are not a multiple of APPLY_ROWS = {APPLY_ROWS}")
-        args += [active, guesses]
-        state += [nx, nz, nsigns, record, block]
+        args += [active, guesses, block]
+        state += [nx, nz, nsigns, record]
         out_shape = [jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_, wp), jnp.uint32),
                      jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32)]
         packed, warps, extra = _packed_counts(w), LOOKAHEAD_WARPS, 1
@@ -744,5 +740,5 @@ def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None,
     )(*args, *state)
     if lookahead is None:
         return out
-    xs, zs, signs, _, _, _, record, block, pivot, kmask, flags, window = out
-    return xs, zs, signs, record, block, (pivot, kmask, flags, window)
+    xs, zs, signs, _, _, _, record, pivot, kmask, flags, window = out
+    return xs, zs, signs, record, (pivot, kmask, flags, window)

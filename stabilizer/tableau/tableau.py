@@ -496,10 +496,9 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     # elsewhere, and later fan-outs change its z bits). Plans stay as the kernels return them (pivot,
     # kmask, flags, window); the signs, slots and outcomes stay int32 through the loop, the apply
     # updating the signs in place and each plan writing its block's outcomes; the replay launch also
-    # copies out the next block's measured rows, and the apply advances the block's index, so a block
-    # launches its two kernels and the loop's count, not also small kernels for the gather, conversions,
-    # sign XORs, the record or copies of the count (measure-all at 10,000 qubits on an H100, 2026-11-26:
-    # a block every 124 us, was 130).
+    # copies out the next block's measured rows, so a block launches its two kernels, the loop's count
+    # and one small copy, not also small kernels for the gather, conversions, sign XORs or the record
+    # (measure-all at 10,000 qubits on an H100, 2026-11-27: a block every 124 us, was 130).
     interpret = mode == "interpret"
     skip = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)  # (a block with no
     # random collapse skips every row: the kernel reads that from its plan)
@@ -510,15 +509,16 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     none_planned = (jnp.zeros(b, jnp.int32), jnp.zeros((b, t.xs.shape[1]), jnp.uint32), jnp.zeros(b, jnp.int32),
                     jnp.zeros(2, jnp.int32))
 
-    def block(_, carry):  # the block's index is carried as the kernels advance it (an array, not the loop's count)
-        xs, zs, signs, bits, i, planned = carry
+    def block(i, carry):
+        xs, zs, signs, bits, planned = carry
         *plan, window = planned
+        i = i.reshape(1)
         *inputs, nx, nz, nsigns = kernels.replay_inputs(*plan, following=(xs, zs, signs, qubits, i), interpret=interpret)
         return kernels.apply_rows(xs, zs, signs, *inputs, skip, window, lookahead=(nx, nz, nsigns, active, guesses, i, bits),
                                   interpret=interpret)
 
-    start = (t.xs, t.zs, t.signs.astype(jnp.int32), jnp.zeros(k + pad + b, jnp.int32), jnp.zeros(1, jnp.int32), none_planned)
-    xs, zs, signs, bits, _, _ = lax.fori_loop(0, blocks + 1, block, start)
+    start = (t.xs, t.zs, t.signs.astype(jnp.int32), jnp.zeros(k + pad + b, jnp.int32), none_planned)
+    xs, zs, signs, bits, _ = lax.fori_loop(0, blocks + 1, block, start)
     return Tableau(xs, zs, signs == 1), bits[:k] == 1
 
 
