@@ -651,7 +651,13 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
 
     rw = min(REWRITE_WORDS, block_words(nb * bw))  # the rewrite's tile: no accumulators of fan-outs, so wider
 
-    tiles = (lo // rw, (hi + rw - 1) // rw)
+    # a row none of whose collapses had an x at the pivot (controls 0, as a measured row has: Z at its pivot
+    # times Zs) takes no fan-out and had no x at any pivot, so its x words and its Ys stay as they are: a
+    # program whose rows all have none skips the pass (in a measure-all, the measured qubits' rows: a
+    # quarter of the rows on average; measure-all at 10,000 qubits on an H100, 2026-11-27: 49.4 / 48.2 ->
+    # 46.5 / 46.6 ms in all)
+    fans = jnp.max(controls) != 0
+    tiles = (lo // rw, jnp.where(fans, (hi + rw - 1) // rw, lo // rw))
 
     def words(k):  # a tile's x and z words, its pivot mask and the XOR of the fan-outs each row's controls select
         k = jnp.clip(k, 0, jnp.maximum(tiles[1] - 1, 0))
