@@ -537,8 +537,8 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
     the others apply: the next plan costs no launch of its own and overlaps this one's apply."""
     if lookahead:
         (steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, active_ref, guesses_ref, block_ref,
-         *_, xs_ref, zs_ref, signs_ref, nx_ref, nz_ref, nsigns_ref, record_ref, pivot_ref, kmask_ref, flags_ref,
-         nwindow_ref) = refs
+         measured_ref, *_, xs_ref, zs_ref, signs_ref, nx_ref, nz_ref, nsigns_ref, record_ref, pivot_ref, kmask_ref,
+         flags_ref, nwindow_ref) = refs
     else:
         steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, skip_ref, window_ref, *_, xs_ref, zs_ref, signs_ref = refs
     apply = partial(_apply_program, steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, window_ref[0], window_ref[1],
@@ -548,7 +548,13 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
         # rows the block's collapses leave as they are: those `skip` names, and every row if none is random
         # (read here, not by a kernel of its own a block)
         idle = (skip_ref[program] != 0) | (jnp.max(steps_ref[4, :] & 1) == 0)
-        pl.when(jnp.logical_not(idle))(partial(apply, xs_ref, zs_ref, signs_ref, program * APPLY_ROWS))
+        if not lookahead:
+            pl.when(jnp.logical_not(idle))(partial(apply, xs_ref, zs_ref, signs_ref, program * APPLY_ROWS))
+            return
+        # rows of qubits measured in an earlier block of the op only lose their z bits at the pivots
+        measured = measured_ref[program] < block_ref[0] - 1  # this launch applies block block_ref[0] - 1
+        pl.when(jnp.logical_not(idle) & measured)(partial(_clear_pivots, steps_ref, zs_ref, program * APPLY_ROWS))
+        pl.when(jnp.logical_not(idle | measured))(partial(apply, xs_ref, zs_ref, signs_ref, program * APPLY_ROWS))
 
     program = pl.program_id(0)  # read here: the interpreter knows it only outside conditionals
     if not lookahead:
@@ -581,6 +587,29 @@ def _apply_kernel(*refs, b, nb, bw, lookahead, packed_counts, sync):
         rows_block(program - 1)
 
 
+def _pivot_words(steps_ref):
+    """The block's pivot words from its steps: (word, shift, first) (b,) as in apply_rows's steps, same (b, b):
+    s' a distinct pivot in s's word, at (b,) each distinct pivot's bit in its word, clear (b,) the bits of
+    every distinct pivot in s's word (slots sharing a word, or pointing at word 0 unused, write one value)."""
+    word, shift, first = steps_ref[0], steps_ref[1].astype(jnp.uint32), steps_ref[2].astype(jnp.uint32)
+    same = (word[:, None] == word[None, :]) & (first[None, :] == 1)
+    at = first << shift
+    clear = jnp.sum(jnp.where(same, at[None, :], jnp.uint32(0)), axis=1, dtype=jnp.uint32)
+    return word, shift, first, same, at, clear
+
+
+def _clear_pivots(steps_ref, zs_ref, r0):
+    """The block on APPLY_ROWS rows from r0 that are Z rows of qubits measured earlier (T(Z_q) after q's
+    collapse): such a row has no x bit, and keeps none, since it commutes with every measured row, which
+    is X at its pivot after its fan-out; so its z bit at that pivot is 0 after the fan-out, no H or H_YZ
+    or X changes it, the row's sign does not change (no Y, no phase), and nothing else moves: the block
+    clears its z bits at the block's pivots, and that is all."""
+    word, _, _, _, _, clear = _pivot_words(steps_ref)
+    rows = r0 + jnp.arange(APPLY_ROWS, dtype=jnp.int32)
+    old = zs_ref[rows[:, None], word[None, :]]
+    zs_ref[rows[:, None], word[None, :]] = old & ~clear[None, :]
+
+
 def _next_tile(queue, load, k):
     """A pass's tile k and its queue of tiles loaded ahead, k + 1.. (loads issued before tile k's work
     waits on them): (tile k, the queue with tile k + len(queue) loaded); an empty queue loads tile k."""
@@ -598,7 +627,7 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
     slots = jnp.arange(b, dtype=jnp.uint32)
 
     # each row's bits at the (distinct) pivot columns, as slot bits: one (rows, b) gather
-    word, shift, first = steps_ref[0], steps_ref[1].astype(jnp.uint32), steps_ref[2].astype(jnp.uint32)
+    word, shift, first, same, at, clear = _pivot_words(steps_ref)
 
     def pivot_bits(ref):
         bits = ((ref[rows[:, None], word[None, :]] >> shift[None, :]) & one) * first[None, :]
@@ -653,9 +682,9 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
 
     # a row none of whose collapses had an x at the pivot (controls 0, as a measured row has: Z at its pivot
     # times Zs) takes no fan-out and had no x at any pivot, so its x words and its Ys stay as they are: a
-    # program whose rows all have none skips the pass (in a measure-all, the measured qubits' rows: a
-    # quarter of the rows on average; measure-all at 10,000 qubits on an H100, 2026-11-27: 49.4 / 48.2 ->
-    # 46.5 / 46.6 ms in all)
+    # program whose rows all have none skips the pass (rows of qubits an earlier op measured; those this op
+    # measured take _clear_pivots instead. Measure-all at 10,000 qubits on an H100, 2026-11-27, when the
+    # measured rows took this path: 49.4 / 48.2 -> 46.5 / 46.6 ms in all)
     fans = jnp.max(controls) != 0
     tiles = (lo // rw, jnp.where(fans, (hi + rw - 1) // rw, lo // rw))
 
@@ -680,9 +709,6 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
 
     # the pivot columns take their new bits: slot s writes its pivot's whole word with the new bits of
     # every distinct pivot in that word, so slots sharing a word write the same value (one scatter)
-    same = (word[:, None] == word[None, :]) & (first[None, :] == 1)  # (b, b): s' a distinct pivot in s's word
-    at = first << shift  # (b,) each distinct pivot's bit in its word
-    clear = jnp.sum(jnp.where(same, at[None, :], jnp.uint32(0)), axis=1, dtype=jnp.uint32)
 
     def set_pivots(ref, new):
         bits = ((new[:, None] >> slots[None, :]) & one) * at[None, :]  # (rows, b) each pivot's new bit, in place
@@ -710,12 +736,14 @@ def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None,
     is random); window (2,) int32: the block's words [lo, hi) as plan_rows returns it (None: every
     word), the only words the passes over the rows read. Returns (xs, zs, signs).
 
-    lookahead: the next block, (xs, zs, signs, active, guesses, block, record): its measured rows as they
-    are before this apply (b, W) and their signs (b,), every slot's choices active and guesses (K,)
-    int32 0/1 of which the block's are [b block, b block + b) (block (1,) int32), and the record (K,)
-    int32. The same launch also plans that block on its rows after this apply, writes its outcomes to
-    those slots of the record, and returns (xs, zs, signs, record, (pivot, kmask, flags, window)) with
-    the plan as plan_rows's."""
+    lookahead: the next block, (xs, zs, signs, active, guesses, block, record, measured_by): its measured
+    rows as they are before this apply (b, W) and their signs (b,), every slot's choices active and
+    guesses (K,) int32 0/1 of which the block's are [b block, b block + b) (block (1,) int32: this launch
+    applies block - 1), the record (K,) int32, and measured_by (R / APPLY_ROWS,) int32: for each program
+    of rows, the block after which they are all Z rows of measured qubits (2^30 if never), which a
+    later block's collapses only clear at their pivots (_clear_pivots). The same launch also plans that
+    block on its rows after this apply, writes its outcomes to those slots of the record, and returns
+    (xs, zs, signs, record, (pivot, kmask, flags, window)) with the plan as plan_rows's."""
     r, w = xs.shape
     if r % APPLY_ROWS or block_words(w) is None:
         raise ValueError(f"a tableau of {r} rows of {w} words cannot be blocked (use kernels.padded_words)")
@@ -726,11 +754,11 @@ def apply_rows(xs, zs, signs, steps, kp, kext, tables, pmask, skip, window=None,
     args = [steps, kp, kext, tables, pmask, skip, window]
     packed, warps, extra, out_shape = False, APPLY_WARPS, 0, []
     if lookahead is not None:
-        nx, nz, nsigns, active, guesses, block, record = lookahead
+        nx, nz, nsigns, active, guesses, block, record, measured_by = lookahead
         nb_, wp = nx.shape
         if nb_ % APPLY_ROWS:
             raise ValueError(f"the next block's {nb_} rows are not a multiple of APPLY_ROWS = {APPLY_ROWS}")
-        args += [active, guesses, block]
+        args += [active, guesses, block, measured_by]
         state += [nx, nz, nsigns, record]
         out_shape = [jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((nb_, wp), jnp.uint32),
                      jax.ShapeDtypeStruct((nb_,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32)]

@@ -502,6 +502,13 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     interpret = mode == "interpret"
     skip = jnp.all(_settled(t).reshape(-1, kernels.APPLY_ROWS), axis=1).astype(jnp.int32)  # (a block with no
     # random collapse skips every row: the kernel reads that from its plan)
+    # for each program of rows, the block after which its rows are all Z rows of qubits this op measured (a
+    # Z row is x-free once its qubit is measured, and later blocks only clear its z bits at their pivots:
+    # kernels._clear_pivots); X rows and rows of qubits not measured here never are
+    never = jnp.int32(1 << 30)
+    block_of = jnp.full(n, never).at[qubits].min(jnp.where(active, jnp.arange(k + pad, dtype=jnp.int32) // b, never))
+    rows = kernels.APPLY_ROWS
+    measured_by = jnp.concatenate([jnp.full(n // rows, never), jnp.max(block_of.reshape(-1, rows), axis=1)])
     # through the loop as the kernels take them (int32 0/1; the slots of one more block, all inactive,
     # for the last launch to plan); the record is written by the plans
     slots = lambda a: jnp.concatenate([a.astype(jnp.int32), jnp.zeros(b, jnp.int32)])
@@ -514,8 +521,8 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
         *plan, window = planned
         i = i.reshape(1)
         *inputs, nx, nz, nsigns = kernels.replay_inputs(*plan, following=(xs, zs, signs, qubits, i), interpret=interpret)
-        return kernels.apply_rows(xs, zs, signs, *inputs, skip, window, lookahead=(nx, nz, nsigns, active, guesses, i, bits),
-                                  interpret=interpret)
+        lookahead = (nx, nz, nsigns, active, guesses, i, bits, measured_by)
+        return kernels.apply_rows(xs, zs, signs, *inputs, skip, window, lookahead=lookahead, interpret=interpret)
 
     start = (t.xs, t.zs, t.signs.astype(jnp.int32), jnp.zeros(k + pad + b, jnp.int32), none_planned)
     xs, zs, signs, bits, _ = lax.fori_loop(0, blocks + 1, block, start)

@@ -234,7 +234,8 @@ def test_apply_launch_that_plans_the_next_block_equals_apply_then_plan(n, seed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(got))
     xs, zs, signs, record, got_plan = K.apply_rows(
         t0.xs, t0.zs, signs, *inputs, skip, window,
-        lookahead=(nx, nz, nsigns, choices(f_active), choices(f_guesses), block, jnp.full(2 * b + 3, 7, jnp.int32)),
+        lookahead=(nx, nz, nsigns, choices(f_active), choices(f_guesses), block, jnp.full(2 * b + 3, 7, jnp.int32),
+                   jnp.full(skip.shape, 1 << 30, jnp.int32)),
         interpret=interpret)
     got_plan = T._plan_from_kernel(*got_plan)
     for a, b_ in zip(applied, (xs, zs, signs == 1)):
