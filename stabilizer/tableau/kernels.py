@@ -709,7 +709,6 @@ def _apply_program(steps_ref, kp_ref, kext_ref, tables_ref, pmask_ref, lo, hi, x
 
     # the pivot columns take their new bits: slot s writes its pivot's whole word with the new bits of
     # every distinct pivot in that word, so slots sharing a word write the same value (one scatter)
-
     def set_pivots(ref, new):
         bits = ((new[:, None] >> slots[None, :]) & one) * at[None, :]  # (rows, b) each pivot's new bit, in place
         put = jnp.sum(jnp.where(same[None, :, :], bits[:, None, :], jnp.uint32(0)), axis=2, dtype=jnp.uint32)

@@ -470,12 +470,12 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
     active = jnp.concatenate([active, jnp.zeros(pad, bool)])
     guesses = jnp.concatenate([guesses, jnp.zeros(pad, bool)])
     blocks = (k + pad) // b
-    part = lambda a, i: lax.dynamic_slice_in_dim(a, i * b, b)
-    measured = lambda t, i: Tableau(*(a[n + part(qubits, i)] for a in t))
-    outcomes = jnp.zeros(k + pad, bool)
-    record = lambda outcomes, bits, i: lax.dynamic_update_slice_in_dim(outcomes, bits, i * b, 0)  # block i's outcomes
     mode = kernels.kernel_mode(kernel, t.xs.shape[1])
     if mode == "jax":
+        part = lambda a, i: lax.dynamic_slice_in_dim(a, i * b, b)
+        measured = lambda t, i: Tableau(*(a[n + part(qubits, i)] for a in t))
+        record = lambda outcomes, bits, i: lax.dynamic_update_slice_in_dim(outcomes, bits, i * b, 0)  # block i's
+
         def block(i, carry):
             t, outcomes = carry
             plan = _plan_block(measured(t, i), part(active, i), part(guesses, i), kernel)
@@ -483,7 +483,7 @@ def _measure_many_inner(t: Tableau, qubits, active, guesses, kernel: str = "jax"
             return t, record(outcomes, plan.outcome, i)
 
         last = jnp.max(jnp.where(active, jnp.arange(k + pad), -1))  # no block after the last active slot
-        t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, outcomes))
+        t, outcomes = lax.fori_loop(0, (last + b) // b, block, (t, jnp.zeros(k + pad, bool)))
         return t, outcomes[:k]
 
     # The kernel path runs every block (a loop count or a conditional from data waits for the host each
