@@ -12,9 +12,11 @@ after a compile and a first run; amplitudes are complex128 unless --dtype says o
   hyquas  HyQuas's seven benchmark circuits at --hyquas-qubits (bc, bv, hs, qaoa, qft, qv, sp),
           generated here (hyquas_circuits below: bv and qft exactly HyQuas's files, the others by
           their usual definitions; gate counts recorded per circuit).
-  scaling weak scaling (--weak-scaling N): Walsh and the QFT at N + G qubits sharded over 2^G
-          devices (pauliprop.statevector.sharding, fuse="auto" within the local qubits) for every power of two
-          up to the device count; efficiency = time on 1 device at N / time on 2^G devices at N + G.
+  scaling weak scaling (--weak-scaling N): Walsh, the QFT and HyQuas's circuits (--weak-circuits) at
+          N + G qubits sharded over 2^G devices (pauliprop.statevector.sharding, fuse="auto" within the
+          local qubits) for every power of two up to the device count; efficiency = time on 1 device at
+          N / time on 2^G devices at N + G; the all-to-alls counted in the lowered program and one timed
+          alone (their share of the run).
 For each circuit: ours jitted with fuse="auto" (k by the measured cost model) and each --widths k,
 unfused (one pass per gate) up to --unfused-max qubits, with compile time, run time, number of
 passes, and time per pass over the floor; qiskit-aer's AerSimulator(method="statevector") on the
@@ -31,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -259,31 +262,65 @@ def bench_circuit(name, qc, args, dtype, floors, rows):
     rows.append(row)
 
 
-def weak_scaling(base, dtype, repeats):
-    """Rows of the weak-scaling part: Walsh and the QFT at base + G qubits over 2^G devices."""
-    from pauliprop.statevector.sharding import qubit_mesh, sharded_program
+def swap_seconds(local_qubits, devices, dtype, axis, repeats):
+    """One swap of global qubit g0 with local axis `axis` (the all-to-all that sharding.py runs) on a
+    block of 2^local_qubits amplitudes a device: its median time alone."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from pauliprop.statevector.sharding import qubit_mesh
+
+    mesh = qubit_mesh(devices)
+    spec = PartitionSpec(mesh.axis_names)
+    shape = (len(devices),) + (2,) * local_qubits  # the leading axis: the device's block
+    psi = jax.jit(lambda: jnp.ones(shape, dtype), out_shardings=NamedSharding(mesh, spec))()
+    swap = jax.jit(jax.shard_map(lambda x: jax.lax.all_to_all(x, "g0", axis + 1, axis + 1, tiled=True),
+                                 mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+    return timed(lambda: swap(psi), repeats)[1]
+
+
+def weak_scaling(base, dtype, repeats, names):
+    """Rows of the weak-scaling part: each circuit at base + G qubits over 2^G devices, its all-to-alls
+    counted in the lowered program, and one swap timed alone on the leading and on a middle local axis
+    (all-to-all share = swaps x the leading-axis swap / run)."""
+    from pauliprop.statevector.sharding import sharded_program, qubit_mesh
 
     devices = jax.devices()
-    rows = []
-    for name, make in (("walsh", walsh), ("qft", qft)):
+    rows, swaps_alone = [], []
+    for g in range(1, int(math.log2(len(devices))) + 1):
+        local = base
+        for axis in (0, local // 2):
+            t = swap_seconds(local, devices[:2**g], dtype, axis, repeats)
+            swaps_alone.append({"devices": 2**g, "local_qubits": local, "axis": axis, "seconds": t})
+            print(f"  swap alone on {2**g} devices, 2^{local} amplitudes each, local axis {axis}: {t * 1e3:.2f} ms",
+                  flush=True)
+    lead = {r["devices"]: r["seconds"] for r in swaps_alone if r["axis"] == 0}
+    makers = {"walsh": walsh, "qft": qft}
+    hyquas = functools.cache(hyquas_circuits)  # all seven at a size, built once
+    for name in names:
         single = None
         for g in range(int(math.log2(len(devices))) + 1):
             n = base + g
-            c = pp.Circuit.from_qiskit(make(n))
+            qc = makers[name](n) if name in makers else hyquas(n)[name.removeprefix("hyquas_")]
+            c = pp.Circuit.from_qiskit(qc)
             program = sharded_program(c, dtype=dtype, fuse="auto", mesh=qubit_mesh(devices[:2**g]))
             params = jnp.zeros(0)
             t0 = time.perf_counter()
-            compiled = program.lower(params).compile()
+            lowered = program.lower(params)
+            swaps = lowered.as_text().count("all_to_all")
+            compiled = lowered.compile()
             compile_s = time.perf_counter() - t0
             first, run = timed(lambda: compiled(params), repeats)
             single = run if g == 0 else single
-            row = {"circuit": name, "qubits": n, "devices": 2**g, "compile_s": compile_s, "first_run_s": first,
-                   "run_s": run, "efficiency": single / run}
+            row = {"circuit": name, "qubits": n, "devices": 2**g, "gates": len(c.instructions), "all_to_alls": swaps,
+                   "compile_s": compile_s, "first_run_s": first, "run_s": run, "efficiency": single / run}
+            if g:
+                row["all_to_all_share"] = swaps * lead[2**g] / run
             rows.append(row)
-            print(f"  {name:5s} n={n:2d} on {2**g} device(s): run {run * 1e3:9.2f} ms, efficiency "
-                  f"{row['efficiency']:.2f}, compile {compile_s:.1f} s", flush=True)
-            del compiled
-    return rows
+            print(f"  {name:12s} n={n:2d} on {2**g} device(s): run {run * 1e3:9.2f} ms, efficiency "
+                  f"{row['efficiency']:.2f}, {swaps} all-to-alls ({row.get('all_to_all_share', 0):.0%} of the run alone), "
+                  f"compile {compile_s:.1f} s", flush=True)
+            del compiled, lowered
+    return rows, swaps_alone
 
 
 def main():
@@ -302,7 +339,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--weak-scaling", type=int, default=0,
-                    help="N: Walsh and QFT at N + G qubits over 2^G devices (0: skip)")
+                    help="N: --weak-circuits at N + G qubits over 2^G devices (0: skip)")
+    ap.add_argument("--weak-circuits", default="walsh,qft,hyquas_bc,hyquas_bv,hyquas_hs,hyquas_qaoa,hyquas_qft,"
+                    "hyquas_qv,hyquas_sp", help="the weak-scaling part's circuits")
     ap.add_argument("--note", default="", help="recorded in the result file (e.g. the commit, where .git is stale)")
     args = ap.parse_args()
     args.widths = [int(w) for w in args.widths.split(",") if w]
@@ -320,7 +359,9 @@ def main():
         gbs = 2 * 2**n * jnp.dtype(dtype).itemsize / floors[n] / 1e9
         print(f"floor n={n}: {floors[n] * 1e3:.3f} ms per pass ({gbs:.0f} GB/s)", flush=True)
     largest = max(all_sizes)
-    passes = fusion.measure_pass_seconds(largest, dtype=dtype, repeats=args.repeats)
+    # the cost model's passes at the largest size (a weak-scaling run alone skips them: its plans
+    # measure their own, at min(n, 26) qubits)
+    passes = fusion.measure_pass_seconds(largest, dtype=dtype, repeats=args.repeats) if sizes or hyquas else {}
     print(f"pass seconds at n={largest} (x floor): " + ", ".join(f"{k}: {v * 1e3:.2f} ms ({v / floors[largest]:.2f}x)"
                                                              for k, v in passes.items()), flush=True)
 
@@ -333,9 +374,11 @@ def main():
         for name in hyquas:
             bench_circuit(f"hyquas_{name}", circuits[name], args, dtype, floors, rows)
 
-    scaling = weak_scaling(args.weak_scaling, dtype, args.repeats) if args.weak_scaling else []
+    scaling, swaps_alone = (weak_scaling(args.weak_scaling, dtype, args.repeats, args.weak_circuits.split(","))
+                            if args.weak_scaling else ([], []))
 
     result = {"environment": env, "git": benchtools.git_state(), "dtype": args.dtype, "weak_scaling": scaling,
+              "swap_alone": swaps_alone,
               "floor_s": {str(n): t for n, t in floors.items()},
               "floor_GBps": {str(n): 2 * 2**n * jnp.dtype(dtype).itemsize / t / 1e9 for n, t in floors.items()},
               "pass_seconds": {str(k): v for k, v in passes.items()}, "pass_seconds_qubits": largest, "rows": rows}

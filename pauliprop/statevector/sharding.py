@@ -12,6 +12,7 @@ devices, and on several GPUs.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import jax
@@ -22,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..circuits.circuit import Circuit
 from . import simulator
-from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, resolve_plan
+from .fusion import Block, Plan, apply_diagonal, block_matrix, diagonal_tables, is_diagonal, resolve_plan
 from .passes import apply_block
 
 
@@ -54,9 +55,9 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
     if L < 0:
         raise ValueError(f"{n} qubits cannot be sharded over {2**G} devices: at most 2^{n} devices")
     simulator.check_size(n, dtype, devices=2**G)
-    if fuse is None:  # every gate a block of its own, swaps included
-        steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,)) for g, i in enumerate(circuit.instructions)],
-                     tuple(range(n)))
+    if fuse is None:  # every gate a block of its own, swaps included; diagonal ones need no wire local
+        steps = Plan(circuit, [Block(tuple(sorted(i.qubits)), (g,), is_diagonal(i))
+                               for g, i in enumerate(circuit.instructions)], tuple(range(n)))
     else:
         steps = resolve_plan(circuit, fuse, dtype, max_width=L)  # "auto": blocks must fit the local qubits
     widest = max((len(b.qubits) for b in steps.blocks if not b.diagonal), default=0)
@@ -64,6 +65,20 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
         raise ValueError(f"a {widest}-qubit gate or block needs {widest} local qubits, but {n} qubits over "
                          f"{2**G} devices leave {L}: use fewer devices or a smaller fuse width")
     kets = simulator.product_kets(state, n)
+    dense_uses = {}  # wire -> indices of the dense blocks that need it local, in order
+    for b, block in enumerate(steps.blocks):
+        for w in () if block.diagonal else block.qubits:
+            dense_uses.setdefault(w, []).append(b)
+    ends_global = {steps.wire_of[n - 1 - i] for i in range(G)}
+
+    def evict_rank(wire, now, axis):
+        """Which local wire a swap sends away (the largest rank): one no dense block needs again,
+        best one that ends global anyway (the restore then leaves it); else the one needed last
+        (Belady's rule, fewest swaps); ties to the leading axis, whose halves are contiguous."""
+        uses = dense_uses.get(wire, [])
+        i = bisect.bisect_left(uses, now)
+        unused = i == len(uses)
+        return (unused, unused and wire in ends_global, 0 if unused else uses[i], -axis)
 
     def local(params):
         # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
@@ -77,14 +92,14 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
             glob[i], loc[j] = loc[j], glob[i]
             return psi
 
-        def make_local(psi, wires, keep):
+        def make_local(psi, wires, keep, now):
             for w in wires:
                 if w in glob:
-                    free = next(j for j in range(L) if loc[j] not in keep)
+                    free = max((j for j in range(L) if loc[j] not in keep), key=lambda j: evict_rank(loc[j], now, j))
                     psi = swap(psi, glob.index(w), free)
             return psi
 
-        for block in steps.blocks:
+        for now, block in enumerate(steps.blocks):
             if block.diagonal:  # no communication: a global wire's bit is the device's coordinate
                 tables = []
                 for qubits, table in diagonal_tables(steps.circuit, block, params, dtype):
@@ -96,7 +111,7 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
                     tables.append((tuple(qubits), table))
                 psi = apply_diagonal(psi, tables, loc)
             else:
-                psi = make_local(psi, block.qubits, set(block.qubits))
+                psi = make_local(psi, block.qubits, set(block.qubits), now)
                 matrix = block_matrix(steps.circuit, block, params, dtype)
                 psi, moved = apply_block(psi, matrix, [loc.index(w) for w in block.qubits], steps.elementwise_width)
                 loc[:] = [loc[a] for a in moved]  # tracked, not transposed back (as in simulator.run_plan)
@@ -104,7 +119,7 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
         want_glob = [steps.wire_of[n - 1 - i] for i in range(G)]
         for i in range(G):
             if glob[i] != want_glob[i]:
-                psi = make_local(psi, [want_glob[i]], set(want_glob[:i]))  # bring it local (wherever it is)...
+                psi = make_local(psi, [want_glob[i]], set(want_glob[:i]), len(steps.blocks))  # bring it local...
                 psi = swap(psi, i, loc.index(want_glob[i]))  # ...then into its slot
         psi = jnp.transpose(psi, [loc.index(steps.wire_of[n - 1 - G - j]) for j in range(L)])
         return psi.reshape(-1)

@@ -48,6 +48,17 @@ SCRIPT = textwrap.dedent("""
         for _ in range(2):
             psi = program(jnp.zeros(0))
             out["amplitudes"].append({"devices": 2, "fuse": str(fuse)[:20], "error": float(np.abs(np.asarray(psi) - ref).max())})
+    def all_to_alls(c, nd, fuse=None):
+        program = sharded_program(c, fuse=fuse, mesh=qubit_mesh(jax.devices()[:nd]))
+        return program.lower(jnp.zeros(c.num_params)).as_text().count("all_to_all")
+
+    walsh = pp.Circuit(6)
+    for q in range(6):
+        walsh.h(q)
+    diagonal = pp.Circuit(6).rz(5, 0.3).cz(4, 5).rzz(3, 5, 0.2).rz(4, pp.Param(0))
+    out["all_to_alls"] = {"walsh_2": all_to_alls(walsh, 2), "walsh_4": all_to_alls(walsh, 4),
+                          "walsh_4_fused": all_to_alls(walsh, 4, 3), "qft_2": all_to_alls(qft, 2),
+                          "diagonal_4": all_to_alls(diagonal, 4), "diagonal_4_fused": all_to_alls(diagonal, 4, 3)}
     h = jnp.asarray(pp.hamiltonians.tfim(6).to_matrix())
     energy = lambda f: (lambda q: jnp.real(jnp.vdot(f(q), h @ f(q))))
     g0 = np.asarray(jax.grad(energy(lambda q: SV.simulate(c, q, state)))(p))
@@ -87,6 +98,17 @@ def test_device_d_holds_the_block_of_amplitudes_whose_leading_bits_are_d(result)
         nd = row["devices"]
         assert row["shard_starts"] == [d * 2**6 // nd for d in range(nd)], row
         assert row["shard_devices"] == list(range(nd)), row
+
+
+def test_swaps_are_as_few_as_the_layout_allows(result):
+    """A swap sends away the local wire needed last (one no block needs again, best one that ends
+    global); diagonal gates on global wires read the device's coordinate and never communicate."""
+    n = result["all_to_alls"]
+    # each global wire comes in once for its H and goes back once (the output's layout)
+    assert (n["walsh_2"], n["walsh_4"], n["walsh_4_fused"]) == (2, 4, 4), n
+    # the QFT's first H needs the top wire, its last H wire 0, which the final swaps make the top bit: 3 at least
+    assert n["qft_2"] == 3, n
+    assert n["diagonal_4"] == n["diagonal_4_fused"] == 0, n
 
 
 def test_gradients_through_the_all_to_all_swaps_equal_the_single_device_ones(result):
