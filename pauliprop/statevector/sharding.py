@@ -3,11 +3,13 @@ each device's block, and gates run on local qubits only (HyQuas section 5).
 
 With D = 2^G devices, the mesh has G axes of size 2, one per global qubit. A gate (or fused block)
 that touches a global qubit first swaps it with a local qubit it does not touch: one all-to-all on
-that qubit's mesh axis, which exchanges half of every block. Which wire sits where, global slots
-and local axes alike (blocks run through passes.apply_block), is tracked while the circuit is
-traced, so nothing is transposed back between gates; at the end the layout is restored (swaps, then
-a local transpose) and the amplitudes come out little-endian, sharded by their leading bits. The same code runs on one device (G = 0), on a CPU with forced host
-devices, and on several GPUs.
+that qubit's mesh axis, which exchanges half of every block. The swaps are planned while tracing:
+the slots start with the wires needed local last (the product state is built in any layout), and a
+swap sends away the local wire needed last (Belady's rule for a cache, here of local slots). Which
+wire sits where, global slots and local axes alike (blocks run through passes.apply_block), is
+tracked, so nothing is transposed back between gates; at the end the layout is restored (swaps, then
+a local transpose) and the amplitudes come out little-endian, sharded by their leading bits. The
+same code runs on one device (G = 0), on a CPU with forced host devices, and on several GPUs.
 """
 
 from __future__ import annotations
@@ -69,20 +71,30 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
     for b, block in enumerate(steps.blocks):
         for w in () if block.diagonal else block.qubits:
             dense_uses.setdefault(w, []).append(b)
-    ends_global = {steps.wire_of[n - 1 - i] for i in range(G)}
+    end_slot = {steps.wire_of[n - 1 - i]: i for i in range(G)}  # the wires the output keeps global
 
-    def evict_rank(wire, now, axis):
-        """Which local wire a swap sends away (the largest rank): one no dense block needs again,
-        best one that ends global anyway (the restore then leaves it); else the one needed last
-        (Belady's rule, fewest swaps); ties to the leading axis, whose halves are contiguous."""
+    def global_rank(wire, now):
+        """How well a wire suits a global slot from block `now` on (the largest rank): one no dense
+        block needs again, best one that ends global (the restore then leaves it); else the one
+        needed last (Belady's rule: the fewest swaps)."""
         uses = dense_uses.get(wire, [])
         i = bisect.bisect_left(uses, now)
         unused = i == len(uses)
-        return (unused, unused and wire in ends_global, 0 if unused else uses[i], -axis)
+        return (unused, unused and wire in end_slot, 0 if unused else uses[i])
+
+    # the product state can start with any wires global: those a swap would send away first, each
+    # that ends global in its own slot (ties keep the leading wires global)
+    start = sorted(range(n), key=lambda w: (*global_rank(w, 0), w), reverse=True)[:G]
+    first_glob = [None] * G
+    for w in start:
+        if w in end_slot:
+            first_glob[end_slot[w]] = w
+    rest = iter(w for w in start if w not in first_glob)
+    first_glob = [w if w is not None else next(rest) for w in first_glob]
 
     def local(params):
         # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
-        glob, loc = [n - 1 - i for i in range(G)], [n - 1 - G - j for j in range(L)]
+        glob, loc = list(first_glob), [w for w in range(n - 1, -1, -1) if w not in first_glob]
         psi = simulator.product_state(kets, loc, dtype)
         for i, w in enumerate(glob):
             psi = psi * jnp.asarray(kets[w], dtype)[lax.axis_index(f"g{i}")]
@@ -95,7 +107,8 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
         def make_local(psi, wires, keep, now):
             for w in wires:
                 if w in glob:
-                    free = max((j for j in range(L) if loc[j] not in keep), key=lambda j: evict_rank(loc[j], now, j))
+                    # ties to the leading axis, whose halves are contiguous
+                    free = max((j for j in range(L) if loc[j] not in keep), key=lambda j: (*global_rank(loc[j], now), -j))
                     psi = swap(psi, glob.index(w), free)
             return psi
 

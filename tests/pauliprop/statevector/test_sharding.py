@@ -58,6 +58,7 @@ SCRIPT = textwrap.dedent("""
     diagonal = pp.Circuit(6).rz(5, 0.3).cz(4, 5).rzz(3, 5, 0.2).rz(4, pp.Param(0))
     out["all_to_alls"] = {"walsh_2": all_to_alls(walsh, 2), "walsh_4": all_to_alls(walsh, 4),
                           "walsh_4_fused": all_to_alls(walsh, 4, 3), "qft_2": all_to_alls(qft, 2),
+                          "qft_4": all_to_alls(qft, 4), "qft_4_fused": all_to_alls(qft, 4, 3),
                           "diagonal_4": all_to_alls(diagonal, 4), "diagonal_4_fused": all_to_alls(diagonal, 4, 3)}
     h = jnp.asarray(pp.hamiltonians.tfim(6).to_matrix())
     energy = lambda f: (lambda q: jnp.real(jnp.vdot(f(q), h @ f(q))))
@@ -101,13 +102,15 @@ def test_device_d_holds_the_block_of_amplitudes_whose_leading_bits_are_d(result)
 
 
 def test_swaps_are_as_few_as_the_layout_allows(result):
-    """A swap sends away the local wire needed last (one no block needs again, best one that ends
-    global); diagonal gates on global wires read the device's coordinate and never communicate."""
+    """The global slots start with the wires needed local last, and a swap sends away the local wire
+    needed last (one no block needs again, best one that ends global); diagonal gates on global
+    wires read the device's coordinate and never communicate."""
     n = result["all_to_alls"]
-    # each global wire comes in once for its H and goes back once (the output's layout)
+    # every wire needs an H, and the output's G global wires must be local for theirs and global at
+    # the end: at least one exchange in and one back a global slot, and no more
     assert (n["walsh_2"], n["walsh_4"], n["walsh_4_fused"]) == (2, 4, 4), n
-    # the QFT's first H needs the top wire, its last H wire 0, which the final swaps make the top bit: 3 at least
-    assert n["qft_2"] == 3, n
+    # the QFT's last H is on wire 0, which its final swaps make the top bit: it starts global
+    assert (n["qft_2"], n["qft_4"], n["qft_4_fused"]) == (2, 4, 4), n
     assert n["diagonal_4"] == n["diagonal_4_fused"] == 0, n
 
 
