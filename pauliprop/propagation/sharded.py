@@ -18,13 +18,14 @@ as in the unsharded engine, and then, for the units that make or change words:
              max_sins) to the merged coefficients; a Clifford run's moved words equal no other
              word (it permutes words), so they take free slots; an amplitude damping's merge
              merges the whole shard with them;
-  cut        the largest-terms cut (max_terms) is global: a bisection on the magnitudes' bits whose
-             counts are summed over the devices (`lax.psum`) finds the threshold that keeps
-             exactly max_terms terms, and its ties are decided by merge.tie_keys (the word's weight,
-             then its fingerprint; a second global bisection), so the kept set is the one a single
-             device keeps (tie_keys are a function of the word alone). Only equal tie keys of two
-             different words (a 48-bit collision) would then be ordered by (device, slot) instead of
-             the single device's slot: deterministic, but possibly another of the two.
+  cut        the largest-terms cut (max_terms) is global: a radix select on the magnitudes' bits
+             whose counts are summed over the devices (`lax.psum`, one a round of 4 bits) finds the
+             threshold that keeps exactly max_terms terms, and its ties are decided by
+             merge.tie_keys (the word's weight, then its fingerprint; a second global select), so
+             the kept set is the one a single device keeps (tie_keys are a function of the word
+             alone). Only equal tie keys of two different words (a 48-bit collision) would then be
+             ordered by (device, slot) instead of the single device's slot: deterministic, but
+             possibly another of the two.
 
 Bits: untruncated and under the per-term rules the results equal the single device's to rounding,
 not always bit for bit: a pair split over two devices is summed by merge.full_merge as two rounded
@@ -243,39 +244,42 @@ def _settle_moved(buf: engine.Buffer, got: Exchange):
 
 # ---- the largest-terms cut over all devices ----------------------------------------------------------
 
+RADIX = 4  # bits a round of radix_select: 2^RADIX - 1 counts a round, summed over the devices in one psum
+
+
+def radix_select(values, sel, k, axis: str, largest: bool):
+    """The k-th largest (or smallest) of the unsigned `values` where `sel`, over all devices
+    (1 <= k <= their number): a radix select from the top digit down, RADIX bits a round. A round
+    counts the selected values below each digit (2^RADIX - 1 counts in one fused pass), sums them
+    over the devices in one psum, and keeps the digit that holds the k-th; 64-bit values take 16
+    rounds, where a bisection would take 64, each a psum that waits on every device."""
+    digits = jnp.arange(1, 2**RADIX, dtype=jnp.int32)
+    prefix = jnp.zeros((), values.dtype)
+    for shift in range(8 * values.dtype.itemsize - RADIX, -1, -RADIX):
+        digit = ((values >> shift) & (2**RADIX - 1)).astype(jnp.int32)
+        rank = (2**RADIX - 1) - digit if largest else digit  # rank 0: the end the count starts from
+        below = lax.psum(jnp.sum(sel[:, None] & (rank[:, None] < digits), axis=0, dtype=jnp.int32), axis)
+        r = jnp.sum(below < k, dtype=jnp.int32)  # the rank whose values hold the k-th
+        k = k - jnp.where(r > 0, below[jnp.maximum(r - 1, 0)], 0)
+        sel = sel & (rank == r)
+        d = (2**RADIX - 1) - r if largest else r
+        prefix = prefix | (d.astype(values.dtype) << shift)
+    return prefix
+
+
 def _keep_largest(bits, mask, k, tie_all, axis: str):
     """Mask of the k largest entries of `mask` over all devices, in the order (-magnitude bits,
-    tiebreak, device, slot) of truncation.keep_largest (bits: the magnitudes' unsigned bit patterns).
-    Two bisections whose counts are summed over the devices: the k-th largest magnitude, then,
-    where more entries tie at it than stay, the tie key that splits them."""
+    tiebreak, device, slot) of truncation.keep_largest (bits: the magnitudes' unsigned bit patterns;
+    k below the number of entries). Two selects whose counts are summed over the devices: the k-th
+    largest magnitude, then, where more entries tie at it than stay, the tie key that splits them."""
     psum = lambda a: lax.psum(a, axis)
-
-    def bisect(values, sel, target, width: int):
-        """The smallest v with count(sel & values <= v) >= target, over [0, 2**width): a bisection."""
-        def body(_, lohi):
-            lo, hi = lohi
-            mid = lo + (hi - lo) // 2
-            ok = psum(_count(sel & (values <= mid))) >= target
-            return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
-
-        top = lax.pmax(jnp.max(jnp.where(sel, values, 0)), axis)
-        return lax.fori_loop(0, width + 1, body, (jnp.zeros((), values.dtype), top))[0]
-
-    # the k-th largest bits t: the largest t with count(bits >= t) >= k (truncation._bisect_select's)
-    def body(_, lohi):
-        lo, hi = lohi
-        mid = lo + (hi - lo) // 2
-        ok = psum(_count(mask & (bits >= mid))) >= k
-        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-    hi0 = lax.pmax(jnp.max(jnp.where(mask, bits, 0)), axis) + 1
-    t = lax.fori_loop(0, 8 * bits.dtype.itemsize, body, (jnp.zeros((), bits.dtype), hi0))[0]
+    t = radix_select(bits, mask, k, axis, largest=True)
     above, ties = mask & (bits > t), mask & (bits == t)
     need = k - psum(_count(above))
 
     def cut_ties():
         keys = tie_all()
-        s = bisect(keys, ties, need, 8 * keys.dtype.itemsize)
+        s = radix_select(keys, ties, need, axis, largest=False)
         below, at = ties & (keys < s), ties & (keys == s)
         room = need - psum(_count(below))
         counts = lax.all_gather(_count(at), axis)

@@ -145,6 +145,46 @@ def result(tmp_path_factory):
     return forced_devices_result(SCRIPT, "test_sharded", tmp_path_factory)
 
 
+SELECT_SCRIPT = textwrap.dedent("""
+    import json, os
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import Mesh, PartitionSpec as P
+    from pauliprop.propagation.sharded import radix_select
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    out = {"devices": len(jax.devices()), "checked": 0, "wrong": []}
+    rng = np.random.default_rng(3)
+    for dtype in (np.uint32, np.uint64):
+        for case in range(12):
+            n = 4 * int(rng.integers(1, 40))
+            # few distinct values (ties, and counts that end exactly at a digit's boundary) or any
+            pool = rng.integers(0, np.iinfo(dtype).max, size=int(rng.integers(1, 20)), dtype=dtype, endpoint=True)
+            values = rng.choice(pool, n) if case % 2 else rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype)
+            sel = rng.random(n) < rng.uniform(0.2, 1.0)
+            chosen = np.sort(values[sel])
+            if not len(chosen):
+                continue
+            ks = jnp.arange(1, len(chosen) + 1, dtype=jnp.int32)
+            for largest in (True, False):
+                f = lambda v, s: jax.vmap(lambda k: radix_select(v, s, k, "d", largest))(ks)
+                got = np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P(),
+                                                       check_vma=False))(jnp.asarray(values), jnp.asarray(sel)))
+                want = chosen[::-1] if largest else chosen
+                out["checked"] += len(want)
+                out["wrong"] += [[str(dtype.__name__), case, largest, int(k)] for k in np.flatnonzero(got != want)][:3]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_the_radix_select_finds_the_kth_value_over_the_devices_for_every_k(tmp_path_factory):
+    """radix_select (the max_terms cut's threshold and tie key) equals the k-th largest and smallest
+    of the selected values spread over 4 devices, for every k, with many ties and without."""
+    out = forced_devices_result(SELECT_SCRIPT, "test_sharded_select", tmp_path_factory)
+    assert out["checked"] > 1000 and out["wrong"] == [], out
+
+
 def test_untruncated_terms_and_values_equal_the_single_device_ones(result):
     rows = [r for r in result["cases"] if not r["truncated"]]
     assert len(rows) == 9 and {r["devices"] for r in rows} == {1, 2, 4}
