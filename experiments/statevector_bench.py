@@ -317,8 +317,8 @@ def weak_scaling(base, dtype, repeats, names):
                 row["all_to_all_share"] = swaps * lead[2**g] / run
             rows.append(row)
             print(f"  {name:12s} n={n:2d} on {2**g} device(s): run {run * 1e3:9.2f} ms, efficiency "
-                  f"{row['efficiency']:.2f}, {swaps} all-to-alls ({row.get('all_to_all_share', 0):.0%} of the run alone), "
-                  f"compile {compile_s:.1f} s", flush=True)
+                  f"{row['efficiency']:.2f}, {swaps} all-to-alls ({row.get('all_to_all_share', 0):.0%} of the run "
+                  f"alone), compile {compile_s:.1f} s", flush=True)
             del compiled, lowered
     return rows, swaps_alone
 

@@ -1,6 +1,7 @@
 """experiments/statevector_bench.py runs end to end at toy sizes and records every part it promises:
 the floor, the pass costs the cost model reads, each circuit in every mode with its plan, and the
-weak-scaling rows over forced host devices (qiskit-aer is not a test dependency, so it is off)."""
+weak-scaling rows over forced host devices with their all-to-alls (qiskit-aer is not a test
+dependency, so it is off)."""
 
 from __future__ import annotations
 
@@ -39,5 +40,12 @@ def test_the_state_vector_benchmark_records_every_part(tmp_path):
             if o["fuse"] is not None:
                 assert 0 <= o["elementwise_width"] <= 4 and o["diagonal_passes"] <= o["passes"]
     scaling = [(r["circuit"], r["qubits"], r["devices"]) for r in result["weak_scaling"]]
-    assert scaling == [("walsh", 5, 1), ("walsh", 6, 2), ("qft", 5, 1), ("qft", 6, 2)]
+    assert scaling == [(c, n, d) for c in names for n, d in ((5, 1), (6, 2))]
     assert all(r["run_s"] > 0 and r["efficiency"] > 0 for r in result["weak_scaling"])
+    # the all-to-alls counted in each program (none on one device; Walsh's one global wire comes in
+    # and goes back), their share from one swap timed alone on the leading and a middle local axis
+    assert all((r["all_to_alls"] == 0) == (r["devices"] == 1) for r in result["weak_scaling"])
+    assert next(r for r in result["weak_scaling"] if r["circuit"] == "walsh" and r["devices"] == 2)["all_to_alls"] == 2
+    assert all(r["all_to_all_share"] > 0 for r in result["weak_scaling"] if r["devices"] == 2)
+    assert [(r["devices"], r["local_qubits"], r["axis"]) for r in result["swap_alone"]] == [(2, 5, 0), (2, 5, 2)]
+    assert all(r["seconds"] > 0 for r in result["swap_alone"])

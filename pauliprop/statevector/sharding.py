@@ -89,8 +89,8 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
     for w in start:
         if w in end_slot:
             first_glob[end_slot[w]] = w
-    rest = iter(w for w in start if w not in first_glob)
-    first_glob = [w if w is not None else next(rest) for w in first_glob]
+    others = iter([w for w in start if w not in end_slot])
+    first_glob = [next(others) if w is None else w for w in first_glob]
 
     def local(params):
         # layout: global slot i holds wire glob[i]; local axis j holds wire loc[j]
@@ -108,7 +108,8 @@ def sharded_program(circuit: Circuit, state="0", dtype=jnp.complex128, fuse=None
             for w in wires:
                 if w in glob:
                     # ties to the leading axis, whose halves are contiguous
-                    free = max((j for j in range(L) if loc[j] not in keep), key=lambda j: (*global_rank(loc[j], now), -j))
+                    free = max((j for j in range(L) if loc[j] not in keep),
+                               key=lambda j: (*global_rank(loc[j], now), -j))
                     psi = swap(psi, glob.index(w), free)
             return psi
 
