@@ -286,12 +286,11 @@ def weak_scaling(base, dtype, repeats, names):
 
     devices = jax.devices()
     rows, swaps_alone = [], []
-    for g in range(1, int(math.log2(len(devices))) + 1):
-        local = base
-        for axis in (0, local // 2):
-            t = swap_seconds(local, devices[:2**g], dtype, axis, repeats)
-            swaps_alone.append({"devices": 2**g, "local_qubits": local, "axis": axis, "seconds": t})
-            print(f"  swap alone on {2**g} devices, 2^{local} amplitudes each, local axis {axis}: {t * 1e3:.2f} ms",
+    for g in range(1, int(math.log2(len(devices))) + 1):  # base local qubits a device at every size
+        for axis in (0, base // 2):
+            t = swap_seconds(base, devices[:2**g], dtype, axis, repeats)
+            swaps_alone.append({"devices": 2**g, "local_qubits": base, "axis": axis, "seconds": t})
+            print(f"  swap alone on {2**g} devices, 2^{base} amplitudes each, local axis {axis}: {t * 1e3:.2f} ms",
                   flush=True)
     lead = {r["devices"]: r["seconds"] for r in swaps_alone if r["axis"] == 0}
     makers = {"walsh": walsh, "qft": qft}

@@ -284,9 +284,9 @@ def peek_z(t: Tableau, q):
 #
 # The result is bit for bit the tableau of the sequential rule with the same random outcomes. On GPUs
 # both steps are Pallas kernels (kernels.plan_rows, kernels.apply_rows, whose inputs kernels.replay_inputs
-# makes from the plan in one launch), checked against these rules;
-# there a block's apply launch also plans the next block (`_apply_planned`), so the plan's one long
-# program runs beside the apply's many instead of after them.
+# makes from the plan in one launch), checked against these rules; there a block's apply launch also
+# plans the next block (`_measure_many_inner`'s loop), so the plan's one long program runs beside the
+# apply's many instead of after them.
 
 MEASURE_BLOCK = 32  # targets planned together: a row's bits at their pivots fill one uint32
 # a MEASURE op runs in blocks when its table has room for a block (MEASURE_BLOCK slots or more) and at
@@ -442,8 +442,9 @@ def _apply_planned(t: Tableau, planned, skip, interpret: bool) -> Tableau:
     launches, kernels.replay_inputs and kernels.apply_rows (the measure loop makes them itself, with the
     next block's plan in the apply's launch)."""
     *plan, window = planned
-    xs, zs, signs = kernels.apply_rows(t.xs, t.zs, t.signs.astype(jnp.int32), *kernels.replay_inputs(*plan, interpret=interpret),
-                                       skip, window, interpret=interpret)
+    inputs = kernels.replay_inputs(*plan, interpret=interpret)
+    xs, zs, signs = kernels.apply_rows(t.xs, t.zs, t.signs.astype(jnp.int32), *inputs, skip, window,
+                                       interpret=interpret)
     return Tableau(xs, zs, signs == 1)
 
 
