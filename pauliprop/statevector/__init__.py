@@ -5,13 +5,13 @@
   fusion     the circuit as a short plan of passes (dense blocks, diagonal tables, swaps relabeled)
   sharding   the same plans on 2^G devices (shard_map; all-to-all swaps of global and local qubits)
   adjoint    exact energies and gradients by adjoint differentiation (three states of memory)
-  memory     the device's memory, the bound on state sizes
 
-Imports circuits and algebra, never propagation (which calls it for method="statevector"). The
-names of simulator, passes and memory are this package's, as `pp.statevector.simulate(...)`.
+Imports circuits, algebra and runtime (the device's memory, which bounds state sizes), never
+propagation (which calls it for method="statevector"). The names of simulator and passes are this
+package's, as `pp.statevector.simulate(...)`.
 """
 
-from .memory import device_memory_bytes
+from ..runtime.memory import device_memory_bytes
 from .passes import (ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH, apply_block, apply_matrix, block_layout, gate_matrix,
                      gemm_in_place, is_fixed, unitary_gate)
 from .simulator import (GateTable, check_size, expectation, gate_rows, gate_step, gate_table, index_type, initial_state,

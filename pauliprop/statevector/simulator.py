@@ -22,7 +22,7 @@ from ..algebra.paulisum import PauliSum
 from ..algebra.words import unpack_bits
 from ..circuits.circuit import Circuit, Param
 from .fusion import apply_diagonal, block_matrix, diagonal_tables, resolve_plan
-from .memory import device_memory_bytes
+from ..runtime.memory import device_memory_bytes
 from .passes import apply_block, unitary_gate
 
 
