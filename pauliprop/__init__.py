@@ -42,7 +42,7 @@ from .algebra import clifford, paulisum, words  # noqa: E402, F401
 from .circuits import circuit, gates  # noqa: E402, F401
 from .propagation import adjoint, engine, merge, objective, program, schedule, shared, truncation  # noqa: E402, F401
 from .runtime import batching, prefix  # noqa: E402, F401
-from .statevector import memory  # noqa: E402, F401
+from .runtime import memory  # noqa: E402, F401
 
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
            "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharded", "sharding",

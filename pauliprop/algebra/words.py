@@ -100,6 +100,25 @@ def product_sign(x, z, gx, gz):
     return jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
 
 
+def nth_set_bit(rows, j):
+    """(index, found): the position of the j-th (from 0) set bit of each row of packed bits (R, W)
+    uint32, and whether the row has that many."""
+    counts = popcount(rows)
+    lane, before, upto = (jnp.zeros(rows.shape[0], jnp.int32),) * 3
+    for l in range(1, rows.shape[1]):  # the lane holding it: the last whose earlier lanes hold <= j
+        upto = upto + counts[:, l - 1]
+        past = upto <= j
+        lane, before = jnp.where(past, l, lane), jnp.where(past, upto, before)
+    rank = j - before
+    word = jnp.take_along_axis(rows, lane[:, None], axis=1)[:, 0]
+    pos = jnp.zeros_like(rank)
+    for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the lane's word
+        low = popcount(word & jnp.uint32((1 << width) - 1))
+        up = rank >= low
+        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
+    return lane * LANE_BITS + pos, jnp.sum(counts, axis=1, dtype=jnp.int32) > j
+
+
 def get_site(words, q):
     """Bit of qubit q (a traced int) in every word: (T, W) -> (T,) uint32."""
     lane = jax.lax.dynamic_index_in_dim(words, q // LANE_BITS, axis=-1, keepdims=False)

@@ -252,7 +252,7 @@ def _element_touched(T, j, words, kinds=(True, True, True)):
     return jnp.where(T["cl_kind"][j] == schedule.TABLE, on_table, ac)
 
 
-def _element_image(T, j, words, kinds=(True, True, True)):
+def element_image(T, j, words, kinds=(True, True, True)):
     """The image of words under Clifford element j: (words, sign, touched). kinds: which element forms
     (gate tables, quarter turns of generators) the program holds code for. A table's 16 image codes
     and signs are packed into three scalars and read by shifts: no gathers over the words."""
@@ -339,7 +339,7 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
                 for t in range(SWEEP):
                     j = start + i * SWEEP + t
                     valid = ok & (j < start + count)
-                    words, sign, touched = _element_image(T, jnp.minimum(j, T["cl_kind"].shape[0] - 1), b.words,
+                    words, sign, touched = element_image(T, jnp.minimum(j, T["cl_kind"].shape[0] - 1), b.words,
                                                           cfg.clifford)
                     touched = touched & b.live & valid
                     b = b._replace(words=jnp.where(touched[:, None], words, b.words),
@@ -352,7 +352,7 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
         else:
             def gate(j, valid, b):
                 j = jnp.minimum(j, T["cl_kind"].shape[0] - 1)
-                image = lambda words: _element_image(T, j, words, cfg.clifford)[:2]
+                image = lambda words: element_image(T, j, words, cfg.clifford)[:2]
                 touched = b.live & _element_touched(T, j, b.words, cfg.clifford) & valid
                 return _remap(b, touched, image, gate_limits, cfg.capacity)
 
@@ -438,25 +438,6 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return _cap(buf, limits.off_unless(~T["u_defer"][u]), cfg.capacity), need
 
 
-def _nth_set_bit(rows, j):
-    """(index, found): the position of the j-th (from 0) set bit of each row of packed bits (R, W)
-    uint32, and whether the row has that many."""
-    counts = pauli_words.popcount(rows)
-    lane, before, upto = (jnp.zeros(rows.shape[0], jnp.int32),) * 3
-    for l in range(1, rows.shape[1]):  # the lane holding it: the last whose earlier lanes hold <= j
-        upto = upto + counts[:, l - 1]
-        past = upto <= j
-        lane, before = jnp.where(past, l, lane), jnp.where(past, upto, before)
-    rank = j - before
-    word = jnp.take_along_axis(rows, lane[:, None], axis=1)[:, 0]
-    pos = jnp.zeros_like(rank)
-    for width in (16, 8, 4, 2, 1):  # the rank-th set bit of the lane's word
-        low = pauli_words.popcount(word & jnp.uint32((1 << width) - 1))
-        up = rank >= low
-        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
-    return lane * pauli_words.LANE_BITS + pos, jnp.sum(counts, axis=1, dtype=jnp.int32) > j
-
-
 def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     """The rotations of a layer (pairwise disjoint supports, so they commute) in a few passes over the
     buffer instead of one unit each: the same result as the rotations one by one, truncated per gate.
@@ -497,7 +478,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
     def step(state):
         j, b, need = state
-        gate, turning = _nth_set_bit(anticommuting(b), j)
+        gate, turning = pauli_words.nth_set_bit(anticommuting(b), j)
         # the turning words in the smallest room that holds them, as a rotation's (_room_pick)
         b, need = lax.switch(_room_pick(_count(turning), cfg.rooms[:-1]), [lambda b, g, t: (b, jnp.int32(0))]
                              + [partial(in_room, room=r) for r in cfg.rooms], b, gate, turning)

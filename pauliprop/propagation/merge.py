@@ -246,7 +246,7 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     return out
 
 
-def _pivot(g):
+def pivot(g):
     """One site bit of G (its lowest): (lane of the packed word, mask). P and P xor G differ there, so
     'that bit is 0' picks one member of every pair {P, P xor G}. g: (2W,), or (M, 2W) (one a word)."""
     gx, gz = halves(g)
@@ -315,7 +315,7 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     each = g.ndim == 2  # a generator (and angle) for every word
     if each:
         g, cos, sin = g[s], cos[s], sin[s]
-    lane, mask = _pivot(g)
+    lane, mask = pivot(g)
     at_lane = jnp.take_along_axis(pw, lane[:, None], axis=1)[:, 0] if each else pw[:, lane]
     flip = (at_lane & mask) != 0
     qw = jnp.where(flip[:, None], pw ^ g, pw)  # canonical member

@@ -132,3 +132,39 @@ def lower(circuit: Circuit) -> Program:
         num_qubits=n,
         num_params=circuit.num_params,
     )
+
+
+def row_qubits(prog: Program, r: int) -> int:
+    """The qubits row r acts on, as a bit mask (a Python int)."""
+    kind = int(prog.kind[r])
+    if kind in (ROTATION, QUARTER):
+        mask = 0
+        for lane, bits in enumerate((prog.gx[r] | prog.gz[r]).tolist()):
+            mask |= int(bits) << (words.LANE_BITS * lane)
+        return mask
+    if kind == CLIFFORD:
+        return (1 << int(prog.qubits[r, 0])) | (1 << int(prog.qubits[r, 1]))
+    return 1 << int(prog.qubits[r, 0])
+
+
+def light_cone(prog: Program, support: int) -> np.ndarray:
+    """The rows that can act on an observable whose words act on the qubits of `support` (a bit mask):
+    walking the rows backward, a row is kept when it acts on a qubit the observable's words can reach
+    by then, and they can then reach all of its qubits. A row outside acts on every word as the
+    identity (a Clifford maps I to I, a rotation commutes, a channel's factor on I is 1), so leaving
+    it out changes nothing. Returns the kept rows, in circuit order."""
+    kept = []
+    for r in range(prog.length - 1, -1, -1):
+        acts = row_qubits(prog, r)
+        if acts & support:
+            kept.append(r)
+            support |= acts
+    return np.array(kept[::-1], dtype=np.int64)
+
+
+def restrict(prog: Program, rows: np.ndarray) -> Program:
+    """The program of the given rows only."""
+    take = lambda a: a[rows]
+    return prog._replace(kind=take(prog.kind), qubits=take(prog.qubits), table=take(prog.table), sign=take(prog.sign),
+                         gx=take(prog.gx), gz=take(prog.gz), param_index=take(prog.param_index),
+                         scale=take(prog.scale), offset=take(prog.offset))

@@ -33,7 +33,8 @@ from ..algebra.overlap import parse_state
 from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
 from ..runtime.batching import batched, vmap_shared
-from . import adjoint, engine, merge, program, schedule
+from ..runtime import memory
+from . import adjoint, engine, merge, program, schedule, tiled
 from .truncation import NO_TRUNCATION, RULES, Truncation
 
 
@@ -61,37 +62,76 @@ class PropagationStats(NamedTuple):
 # ---- lowering, cached on the circuit ------------------------------------------------------------------
 
 class Lowered(NamedTuple):
-    program: program.Program
+    program: program.Program  # the rows in the observable's light cone (all rows without an observable)
     schedule: schedule.Schedule
     units: schedule.Units
     tables: dict  # padded numpy tables, the loop's input
     on_device: dict  # backend -> the tables as device arrays (copied once, not at every call)
+    rows: np.ndarray  # the circuit's rows that `program` holds (indices into program.lower(circuit))
+    row_units: np.ndarray  # (L,) for every row of the circuit, the unit after which its term count is read
 
     def device_tables(self, backend: str) -> dict:
         if backend not in self.on_device:
             self.on_device[backend] = jax.device_put(self.tables, jax.devices(backend)[0])
         return self.on_device[backend]
 
+    def terms_per_row(self, unit_terms):
+        """PropagationStats.terms: the live terms after each row of the circuit, from each unit's count (a
+        row outside the light cone: the count of the row applied before it)."""
+        return unit_terms[self.row_units] if len(self.row_units) else unit_terms[:0]
 
-def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None, layers: bool = False) -> Lowered:
-    """The circuit's program, steps, units and tables for this truncation's semantics (cached on the
-    circuit until it changes). layers: a layer of rotations is one unit (engine.layer_unit)."""
+
+def observable_support(obs: PauliSum) -> int | None:
+    """The qubits the observable's words act on, as a bit mask (None: its words are traced)."""
+    if is_traced(obs.x, obs.z):
+        return None
+    acts = np.bitwise_or.reduce(np.asarray(obs.x, np.uint32) | np.asarray(obs.z, np.uint32), axis=0) \
+        if len(obs) else np.zeros(obs.num_lanes, np.uint32)
+    return sum(int(bits) << (32 * lane) for lane, bits in enumerate(np.atleast_1d(acts).tolist()))
+
+
+def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None, layers: bool = False,
+            support: int | None = None) -> Lowered:
+    """The circuit's program, steps, units and tables for this truncation's semantics, restricted to the
+    light cone of an observable acting on the qubits of `support` (program.light_cone; None: every row).
+    Cached on the circuit until it changes. layers: a layer of rotations is one unit (engine.layer_unit)."""
     backend = backend or jax.default_backend()
     weight_each = truncation.per == "gate" and truncation.max_weight is not None
-    key = (len(circuit.instructions), truncation.per, weight_each, backend, layers)
+    key = (len(circuit.instructions), truncation.per, weight_each, backend, layers, support)
     cache = getattr(circuit, "_program_cache", None)
     if not isinstance(cache, dict):
         cache = circuit._program_cache = {}
     if key not in cache:
-        sibling = cache.get(key[:-1] + (not layers,))  # the same program and schedule, other units
-        prog, sched = (sibling.program, sibling.schedule) if sibling else (program.lower(circuit), None)
-        sched = sched or schedule.schedule(prog, weight_each_gate=weight_each, backend=backend)
+        whole = cache.get("program")
+        if whole is None or whole[0] != len(circuit.instructions):
+            whole = cache["program"] = (len(circuit.instructions), program.lower(circuit))
+        full = whole[1]
+        rows = program.light_cone(full, support) if support is not None else np.arange(full.length)
+        prog = program.restrict(full, rows) if len(rows) < full.length else full
+        sched = schedule.schedule(prog, weight_each_gate=weight_each, backend=backend)
         units = schedule.units(sched, truncation.per, layers=layers)
         tables = {**schedule.padded(sched), **schedule.padded_units(units), "num_units": np.int32(units.length)}
-        for old in [k for k in cache if k[0] != key[0]]:  # lowered before the circuit grew
+        for old in [k for k in cache if k != "program" and k[0] != key[0]]:  # lowered before the circuit grew
             del cache[old]
-        cache[key] = Lowered(prog, sched, units, tables, {})
+        if len(cache) > 64:  # many observables' light cones of one circuit: keep the newest
+            del cache[next(k for k in cache if k != "program")]
+        cache[key] = Lowered(prog, sched, units, tables, {}, rows, _row_units(full.length, rows, units.unit_of_op))
     return cache[key]
+
+
+def _row_units(length: int, rows: np.ndarray, unit_of_op: np.ndarray) -> np.ndarray:
+    """For each of the circuit's rows, the unit whose count is the live terms after it: its own unit when
+    it is in the light cone, else that of the nearest row applied before it (backward: the next kept row
+    after it in circuit order), or unit 0 (the observable's merge)."""
+    out = np.zeros(length, np.int32)
+    at = np.full(length, -1, np.int64)
+    at[rows] = np.arange(len(rows))
+    current = 0
+    for r in range(length - 1, -1, -1):
+        if at[r] >= 0:
+            current = int(unit_of_op[at[r]])
+        out[r] = current
+    return out
 
 
 # ---- inputs -------------------------------------------------------------------------------------------
@@ -413,7 +453,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
     runs again without them (layers: None picks engine.layers_for)."""
     backend = jax.default_backend()
     layers = engine.layers_for(backend, truncation) if layers is None else layers
-    low = lowered(circuit, truncation, backend, layers=layers)
+    low = lowered(circuit, truncation, backend, layers=layers, support=observable_support(obs))
     dtype = jnp.result_type(float)
     p = params_array(params, circuit.num_params, dtype)
     batch = p.shape[0] if p.ndim == 2 else None
@@ -475,7 +515,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
                               "(min_abs_coeff, max_terms, max_weight) or raise max_capacity")
         cap = grown
         buf = _grown(buf, cap)
-    terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
+    terms = low.terms_per_row(unit_terms)
     # dropped: host arithmetic, no small programs to compile for the stats
     stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=dropped[..., 4] > 0,
                              capacity=cap, max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
@@ -514,8 +554,182 @@ def _drive_side_by_side(circuit, obs, params, truncation, capacity, max_capacity
     return buf, stats, np.stack([np.asarray(v) for _, _, v in runs])
 
 
+# ---- the tiled engine: one program however far the terms grow --------------------------------------------
+
+TILE = {"cpu": 1 << 15}  # slots a tile of the tiled engine's passes holds (other backends: GPU_TILE)
+GPU_TILE = 1 << 20
+# the fewest slots a run's buffers have: small circuits of one shape share a program whatever their sizes
+MIN_CAPACITY = {"cpu": 1 << 12}
+GPU_MIN_CAPACITY = 1 << 16
+CPU_FIRST_BUDGET = 1 << 29  # bytes: a CPU run's first buffers take at most this much (zeroed once a process)
+MEMORY_SHARE = 0.5  # of the memory free at a process's first run that the buffers may take
+
+
+def tiled_supported(circuit: Circuit, truncation: Truncation, params, capacity) -> bool:
+    """Whether a concrete call runs on the tiled engine (tiled.py): one parameter set, no capacity of the
+    caller's, no keep-largest cut and no amplitude damping (their merges are the old loop's: engine.py)."""
+    if capacity is not None or truncation.max_terms is not None:
+        return False
+    if params is not None and np.ndim(params) != 1:
+        return False
+    return not any(ins.gate.name == "amplitude_damp" for ins in circuit.instructions)
+
+
+def terms_bound(low: Lowered, terms: int) -> int:
+    """A bound on the words a run can hold at once: 4^n, and the observable's terms doubled by each rotation."""
+    rotations = int(np.sum(low.program.kind == program.ROTATION))
+    return min(4 ** low.program.num_qubits, terms << min(rotations, 62))
+
+
+@functools.cache
+def _budget(backend: str, first: bool) -> int:
+    """Bytes the tiled engine's buffers may take: a share of what was free at the first call of the
+    process (so every later call sizes its buffers, and picks its program, the same way); on CPUs,
+    whose zeroing of fresh memory costs about 0.4 s a GiB, a first buffer of at most CPU_FIRST_BUDGET."""
+    share = int(MEMORY_SHARE * memory.available_bytes())
+    return min(share, CPU_FIRST_BUDGET) if backend == "cpu" and first else share
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << max(0, int(n).bit_length() - 1)
+
+
+def most_slots(lanes: int, dtype, max_capacity: int, backend: str, first: bool = True) -> int:
+    """The most slots a run's buffers may have: the memory budget's and max_capacity's."""
+    per_slot = tiled.slot_bytes(lanes, np.dtype(dtype).itemsize)
+    return min(_floor_pow2(_budget(backend, first) // per_slot), _floor_pow2(max_capacity))
+
+
+def tiled_capacity(low: Lowered, terms: int, lanes: int, dtype, max_capacity: int, backend: str) -> int:
+    """The slots of a run's first buffers: what the circuit can need at most (terms_bound), within the
+    memory budget and max_capacity, and at least MIN_CAPACITY and the observable's bucket."""
+    want = 1 << max(6, (max(terms_bound(low, terms), terms) - 1).bit_length())
+    most = most_slots(lanes, dtype, max_capacity, backend)
+    return max(schedule.bucket(terms, 64), min(max(want, MIN_CAPACITY.get(backend, GPU_MIN_CAPACITY)), most))
+
+
+def tiled_config(low: Lowered, truncation: Truncation, capacity: int, backend: str) -> tiled.Config:
+    features = engine.features(low.units, low.schedule)
+    return tiled.Config(capacity=capacity, tile=min(capacity, TILE.get(backend, GPU_TILE)), rules=truncation.rules,
+                        per=truncation.per, units=features["units"], clifford=features["clifford"],
+                        unroll=map_unroll(backend, capacity), sweep=1 if backend == "cpu" else engine.SWEEP)
+
+
+_WORKSPACE: dict = {}  # the last run's buffers, (capacity, lanes, dtype) -> tiled.Work: the next run's
+_WORKSPACE_LOCK = threading.Lock()
+
+
+def _take_workspace(capacity: int, lanes: int, dtype) -> tiled.Work:
+    """The buffers of the last run if they have this shape (a run leaves them fit for the next: no
+    zeroing), else new ones (the old ones are released first)."""
+    key = (capacity, lanes, np.dtype(dtype).name)
+    with _WORKSPACE_LOCK:
+        work = _WORKSPACE.pop(key, None)
+        _WORKSPACE.clear()
+    if work is None:  # committed to the device as the program's outputs are (else a second call compiles again)
+        work = jax.device_put(_empty_work(capacity, lanes, np.dtype(dtype).name), jax.devices()[0])
+    return work
+
+
+def _keep_workspace(work: tiled.Work):
+    key = (work.coeffs.shape[0], work.words.shape[1] // 2, work.coeffs.dtype.name)
+    with _WORKSPACE_LOCK:
+        _WORKSPACE.clear()
+        _WORKSPACE[key] = work
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _empty_work(capacity: int, lanes: int, dtype: str) -> tiled.Work:
+    return tiled.empty_work(capacity, lanes, dtype)
+
+
+@partial(jax.jit, static_argnums=1)
+def _grown_work(work: tiled.Work, capacity: int) -> tiled.Work:
+    """The buffers in `capacity` slots, the live prefix (and the empty table) kept."""
+    new = tiled.empty_work(capacity, work.words.shape[1] // 2, work.coeffs.dtype)
+    c = work.coeffs.shape[0]
+    return new._replace(words=new.words.at[:c].set(work.words), coeffs=new.coeffs.at[:c].set(work.coeffs),
+                        sins=new.sins.at[:c].set(work.sins))
+
+
+@partial(jax.jit, static_argnums=1)
+def _prefix(work: tiled.Work, rows: int):
+    return work.words[:rows], work.coeffs[:rows]
+
+
+def _tiled_forward(T, work, obs_words, obs_coeffs, n, unit, step, fresh, params, limits, table, *, cfg):
+    rows = obs_words.shape[0]
+    keep = lambda a, new: tiled.put(a, 0, jnp.where(jnp.reshape(fresh, (1,) * new.ndim), new, tiled.take(a, 0, rows)))
+    work = work._replace(words=keep(work.words, obs_words), coeffs=keep(work.coeffs, obs_coeffs),
+                         sins=keep(work.sins, jnp.zeros(rows, jnp.int32)))
+    st = tiled.run(T, work, n, unit, step, params, limits, cfg)
+    return st, tiled.value(st.work, st.n, table, cfg.tile)
+
+
+@one_program_per_key
+def _tiled_jit(cfg: tiled.Config, backend: str):
+    return Jitted(partial(_tiled_forward, cfg=cfg), compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+
+
+def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
+                 want_terms: bool = False):
+    """A concrete call on the tiled engine: (value, PropagationStats, (x, z, coeffs) of the result when
+    want_terms). One program runs the whole circuit; only a CPU run that outgrows its first buffers
+    continues in a second, sized from the free memory. Past the memory: a MemoryError."""
+    backend = jax.default_backend()
+    low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs))
+    dtype = jnp.result_type(float)
+    p = params_array(params, circuit.num_params, dtype)
+    words, coeffs, dropped0 = tiled.host_merge(obs.x, obs.z, obs.coeffs, truncation)
+    t, lanes = len(words), obs.num_lanes
+    rows = schedule.bucket(t, 64)
+    obs_words = np.zeros((rows, 2 * lanes), np.uint32)
+    obs_words[:t] = words
+    obs_coeffs = np.zeros(rows, dtype)
+    obs_coeffs[:t] = coeffs
+    cap = tiled_capacity(low, t, lanes, dtype, max_capacity, backend)
+    limits = truncation.limits(dtype)
+    work = _take_workspace(cap, lanes, dtype)
+    unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
+    unit_terms[0] = t
+    n, unit, step, fresh, peak, dropped = t, 1, 0, True, t, np.asarray(dropped0, dtype)
+    while True:
+        cfg = tiled_config(low, truncation, cap, backend)
+        st, val = _tiled_jit(cfg, backend)(low.device_tables(backend), work, obs_words, obs_coeffs, np.int32(n),
+                                           np.int32(unit), np.int32(step), np.bool_(fresh), p, limits, table)
+        work = st.work
+        n, stop, step, need, more, terms, top, val = jax.device_get((st.n, st.unit, st.step, st.need, st.dropped,
+                                                                     st.terms, st.peak, val))
+        n, need = int(n), int(need)
+        unit_terms[unit:stop + 1] = terms[unit:stop + 1]
+        dropped = dropped + more
+        peak = max(peak, int(top))
+        if need == 0:
+            break
+        unit, step, fresh = int(stop), int(step), False
+        grown = min(1 << (2 * need - 1).bit_length(), most_slots(lanes, dtype, max_capacity, backend, first=False))
+        if grown < need or grown <= cap:
+            per_slot = tiled.slot_bytes(lanes, np.dtype(dtype).itemsize)
+            _keep_workspace(work)
+            raise MemoryError(
+                f"propagation needs {need} term slots at {operation_at(low, unit)}, more than the {cap} slots "
+                f"({per_slot} bytes each) that max_capacity={max_capacity} and {MEMORY_SHARE:.0%} of the "
+                f"{memory.available_bytes() / 2**30:.1f} GiB free allow; add truncation (min_abs_coeff, "
+                "max_weight, max_terms) or raise max_capacity")
+        work, cap = _grown_work(work, grown), grown
+    out = None
+    if want_terms:
+        w, c = jax.device_get(_prefix(work, schedule.bucket(max(n, 1), 64)))
+        out = (w[:n, :lanes], w[:n, lanes:], c[:n])
+    _keep_workspace(work)
+    terms = low.terms_per_row(unit_terms)
+    stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=np.bool_(False), capacity=cap,
+                             max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
+    return val, stats, out
+
+
 def operation_at(low: Lowered, unit: int) -> str:
-    ops = np.flatnonzero(low.units.unit_of_op == unit)
+    ops = low.rows[np.flatnonzero(low.units.unit_of_op == unit)]
     return f"row {int(ops.max())} of the lowered circuit" if len(ops) else f"unit {unit}"
 
 
@@ -539,6 +753,10 @@ def propagate(circuit: Circuit, observable: PauliSum, params=None, truncation: T
     check_inputs(circuit, observable, params)
     if is_traced(params, observable):
         return _propagate_traced(circuit, observable, params, truncation, capacity, initial_capacity)
+    if tiled_supported(circuit, truncation, params, capacity):
+        _, stats, (x, z, c) = _drive_tiled(circuit, observable, params, truncation, max_capacity,
+                                           np.ones((32 * observable.num_lanes, 4)), want_terms=True)
+        return PauliSum(x, z, c, observable.num_qubits), stats
     buf, stats, _ = _drive(circuit, observable, params, truncation, capacity, max_capacity, initial_capacity,
                            np.ones((32 * observable.num_lanes, 4)))
     out = PauliSum(*as_sum(buf.words, buf.coeffs, buf.meta), observable.num_qubits)
@@ -557,7 +775,7 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
     if params is not None and _ndim(params) == 2:
         return jax.vmap(lambda q: _propagate_traced(circuit, observable, q, truncation, capacity, initial_capacity))(params)
     backend = jax.default_backend()
-    low = lowered(circuit, truncation, backend)
+    low = lowered(circuit, truncation, backend, support=observable_support(observable))
     dtype = jnp.result_type(float)
     cap = capacity or initial_capacity or default_capacity(observable, truncation)
     p = params_array(params, circuit.num_params, dtype)
@@ -565,7 +783,7 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
     longest = int(max(low.units.count.max(initial=1), 1))
     cfg = config(low, truncation, cap, False, backend)._replace(static_loops=longest)
     buf, prog = _propagate_static(low.tables, buf, p, truncation.limits(dtype), cfg=cfg)
-    terms = prog.unit_terms[low.units.unit_of_op]
+    terms = low.terms_per_row(prog.unit_terms)
     stats = PropagationStats(terms, buf.dropped, buf.dropped[4] > 0, cap,
                              jnp.maximum(prog.peak, jnp.max(terms, initial=0)))
     jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
@@ -619,14 +837,17 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         else:
             val, stats = _traced_estimate(circuit, observable, params, truncation, capacity, initial_capacity, table)
         return (val, stats) if return_stats else val
-    _, stats, val = _drive(circuit, observable, params, truncation, capacity, 1 << 26, initial_capacity, table)
+    if tiled_supported(circuit, truncation, params, capacity):
+        val, stats, _ = _drive_tiled(circuit, observable, params, truncation, 1 << 26, table)
+    else:
+        _, stats, val = _drive(circuit, observable, params, truncation, capacity, 1 << 26, initial_capacity, table)
     val = jnp.asarray(val)
     return (val, stats) if return_stats else val
 
 
 def _traced_estimate(circuit, observable, params, truncation, capacity, initial_capacity, table):
     backend = jax.default_backend()
-    low = lowered(circuit, truncation, backend)
+    low = lowered(circuit, truncation, backend, support=observable_support(observable))
     dtype = jnp.result_type(float)
     cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
     if cap < 1 or cap < len(observable):
@@ -638,7 +859,7 @@ def _traced_estimate(circuit, observable, params, truncation, capacity, initial_
     words = (buf.words, buf.meta)
     val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
                                                      table, cfg=cfg, seg=seg)
-    terms = unit_terms[low.units.unit_of_op]
+    terms = low.terms_per_row(unit_terms)
     stats = PropagationStats(terms, dropped, dropped[4] > 0, cap, jnp.maximum(peak, jnp.max(terms, initial=0)))
     jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
     return val, stats

@@ -320,6 +320,7 @@ class Units(NamedTuple):
     count: np.ndarray  # (U,) int32
     dense: np.ndarray  # (U,) bool (CLIFFORD: apply maps[start])
     defer: np.ndarray  # (U,) bool: the truncation rules wait for the end of the step (per="layer")
+    down: np.ndarray  # (U,) bool: a LAYER's rotations come in decreasing order of their lowest qubits
     unit_of_op: np.ndarray  # (L,) int32: the unit after which row r's term count is read
 
     @property
@@ -330,15 +331,16 @@ class Units(NamedTuple):
 def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
     """The schedule's steps as loop iterations.
 
-    A LAYER step is one SPLIT unit per rotation, or with `layers` one LAYER unit for all of them
-    (engine.layer_unit: the same result, in a few passes over the buffer). With per="layer", the
+    A LAYER step is one SPLIT unit per rotation, or with `layers` LAYER units: the step's rotations cut
+    into runs whose lowest qubits increase or decrease (`monotone_runs`; engine.layer_unit and
+    tiled.rotation_unit: the same result as rotation by rotation, in a few passes). With per="layer", the
     rules wait for the end of each step: the rotations defer them, and a TRUNCATE unit applies them
     to the whole buffer after the step's last rotation.
     """
-    kind, start, count, dense, defer = [], [], [], [], []
+    kind, start, count, dense, defer, down = [], [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
 
-    def add(k, st, c, d=False, df=False, ops=()):
+    def add(k, st, c, d=False, df=False, ops=(), dn=False):
         for r in ops:
             unit_of_op[r] = len(kind)
         kind.append(k)
@@ -346,6 +348,7 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
         count.append(c)
         dense.append(d)
         defer.append(df)
+        down.append(dn)
 
     for i in range(s.num_steps):
         k, st, c = int(s.kind[i]), int(s.start[i]), int(s.count[i])
@@ -359,19 +362,46 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
         else:
             deferred = per == "layer" and c > 1
             if layers and c > 1:
-                add(U_LAYER, st, c, df=deferred, ops=ops)
+                for first, length, dn in monotone_runs(lowest_qubits(s.rot_gx[st:st + c], s.rot_gz[st:st + c])):
+                    rows = tuple(int(r) for r in s.rot_op[st + first:st + first + length])
+                    if length == 1:
+                        add(U_SPLIT, st + first, 1, df=deferred, ops=rows)
+                    else:
+                        add(U_LAYER, st + first, length, df=deferred, ops=rows, dn=dn)
             else:
                 for j in range(c):
                     add(U_SPLIT, st + j, 1, df=deferred, ops=(int(s.rot_op[st + j]),))
             if deferred:
                 add(U_TRUNCATE, 0, 0, ops=ops)
     return Units(np.array(kind, np.int32), np.array(start, np.int32), np.array(count, np.int32),
-                 np.array(dense, bool), np.array(defer, bool), unit_of_op)
+                 np.array(dense, bool), np.array(defer, bool), np.array(down, bool), unit_of_op)
+
+
+def lowest_qubits(gx: np.ndarray, gz: np.ndarray) -> np.ndarray:
+    """The lowest qubit each generator (rows of W lanes) acts on."""
+    site = (gx | gz).astype(np.uint64)
+    lane = np.argmax(site != 0, axis=1)
+    bits = site[np.arange(len(site)), lane]
+    low = np.log2((bits & (~bits + np.uint64(1))).astype(np.float64)).astype(np.int64)
+    return lane * words.LANE_BITS + low
+
+
+def monotone_runs(qubits: np.ndarray) -> list[tuple[int, int, bool]]:
+    """(first, length, decreasing) of the maximal runs of a sequence whose values only increase or only
+    decrease (distinct values: a layer's rotations act on disjoint qubits)."""
+    runs, first = [], 0
+    for i in range(1, len(qubits) + 1):
+        length = i - first
+        if i < len(qubits) and (length < 2 or (qubits[i] < qubits[i - 1]) == (qubits[first + 1] < qubits[first])):
+            continue
+        runs.append((first, length, bool(length > 1 and qubits[first + 1] < qubits[first])))
+        first = i
+    return runs
 
 
 def padded_units(u: Units, minimum: int = MIN_BUCKET) -> dict:
     length = bucket(u.length, minimum)
     pad = lambda a, fill=0: np.concatenate([a, np.full(length - len(a), fill, a.dtype)])
     return dict(u_kind=pad(u.kind, U_NOOP), u_start=pad(u.start), u_count=pad(u.count), u_dense=pad(u.dense),
-                u_defer=pad(u.defer), unit_of_op=np.concatenate([u.unit_of_op, np.zeros(
+                u_defer=pad(u.defer), u_down=pad(u.down), unit_of_op=np.concatenate([u.unit_of_op, np.zeros(
                     bucket(len(u.unit_of_op), minimum) - len(u.unit_of_op), np.int32)]))

@@ -99,8 +99,8 @@ from ..circuits.circuit import Circuit
 from ..runtime.prefix import count as _count, first_set, prefix_count
 from . import engine, merge, schedule
 from .propagate import (Jitted, Lowered, as_sum, check_inputs, compiler_options, config, default_capacity, is_traced,
-                        lowered, merged_observable, next_capacity, one_program_per_key, operation_at, params_array,
-                        state_table)
+                        lowered, merged_observable, next_capacity, observable_support, one_program_per_key,
+                        operation_at, params_array, state_table)
 from .truncation import NO_TRUNCATION, OFF, Limits, Truncation, tie_type
 
 AXIS = "terms"  # the mesh axis of the default mesh
@@ -621,7 +621,8 @@ def _setup(circuit, observable, state, truncation, mesh, capacity, initial_capac
     backend = jax.default_backend()
     dtype = jnp.result_type(float)
     return _Setup(mesh, devices, truncation, table, per, _bucket(bucket, per, devices), backend,
-                  lowered(circuit, truncation, backend, layers=False), dtype, truncation.limits(dtype))
+                  lowered(circuit, truncation, backend, layers=False, support=observable_support(observable)), dtype,
+                  truncation.limits(dtype))
 
 
 def _traced(circuit, observable, params, state, truncation, mesh, capacity, initial_capacity, bucket):
@@ -730,7 +731,7 @@ def _drive(circuit, observable, params, state, truncation, mesh, capacity, initi
                                   "raise max_capacity")
             per = grown
             buf = _padding(mesh, per)(buf)
-    terms = unit_terms[low.units.unit_of_op] if low.program.length else np.zeros(0, np.int32)
+    terms = low.terms_per_row(unit_terms)
     stats = ShardedStats(terms=terms, dropped_norm=np.asarray(dropped), overflow=False, capacity=per * devices,
                          max_terms_seen=int(max(peak, int(terms.max(initial=0)))), devices=devices, bucket=bucket,
                          resumed=resumed)

@@ -132,3 +132,18 @@ def test_xor_lanes_folds_the_lanes(monkeypatch, cpu, lanes):
     monkeypatch.setattr(W, "on_cpu", lambda: cpu)
     a = np.random.default_rng(lanes).integers(0, 2**32, (3, 5, lanes), dtype=np.uint32)
     np.testing.assert_array_equal(np.asarray(W.xor_lanes(jnp.asarray(a))), np.bitwise_xor.reduce(a, axis=-1))
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 4).flatmap(lambda w: st.tuples(
+    st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=w, max_size=w), min_size=1, max_size=20),
+    st.integers(0, 32 * w))))
+def test_nth_set_bit_is_the_jth_set_bit(case):
+    rows, j = case
+    rows = np.array(rows, np.uint32)
+    index, found = (np.asarray(a) for a in W.nth_set_bit(jnp.asarray(rows), jnp.int32(j)))
+    for r, row in enumerate(rows):
+        bits = [32 * lane + b for lane, word in enumerate(row.tolist()) for b in range(32) if (word >> b) & 1]
+        assert bool(found[r]) == (j < len(bits))
+        if j < len(bits):
+            assert int(index[r]) == bits[j]

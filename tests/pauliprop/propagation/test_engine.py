@@ -31,21 +31,6 @@ RULES = {"none": pp.Truncation(),
          "per layer, max_terms": pp.Truncation(max_terms=60, min_abs_coeff=1e-4, per="layer")}
 
 
-@settings(max_examples=40)
-@given(st.integers(1, 4).flatmap(lambda w: st.tuples(
-    st.lists(st.lists(st.integers(0, 2**32 - 1), min_size=w, max_size=w), min_size=1, max_size=20),
-    st.integers(0, 32 * w))))
-def test_nth_set_bit_is_the_jth_set_bit(case):
-    rows, j = case
-    rows = np.array(rows, np.uint32)
-    index, found = (np.asarray(a) for a in engine._nth_set_bit(jnp.asarray(rows), jnp.int32(j)))
-    for r, row in enumerate(rows):
-        bits = [32 * lane + b for lane, word in enumerate(row.tolist()) for b in range(32) if (word >> b) & 1]
-        assert bool(found[r]) == (j < len(bits))
-        if j < len(bits):
-            assert int(index[r]) == bits[j]
-
-
 @st.composite
 def layered_circuits(draw, n=N, layers=3):
     """Layers of Pauli rotations on disjoint supports (1-3 qubits, Param or fixed angles), with a few

@@ -291,6 +291,7 @@ def test_propagation_is_exact_under_fingerprint_collisions(monkeypatch, sizes, l
     monkeypatch.setattr(W, "fingerprint", _weak_fingerprint)
     monkeypatch.setattr(engine, "layers_for", lambda backend, t: layers)
     from pauliprop.propagation import propagate as PR
+    monkeypatch.setattr(PR, "tiled_supported", lambda *a: False)  # the loop of engine.py (tiled.py pairs exactly)
     PR._forward_jit.cache_clear()  # a fresh trace sees the weak fingerprint
     configs = []
     forward_jit = PR._forward_jit

@@ -113,3 +113,41 @@ def test_two_qubit_tables_are_the_clifford_action(name):
 def test_empty_circuit():
     prog = P.lower(pp.Circuit(40))
     assert prog.length == 0 and prog.gx.shape == (0, 2) and prog.table.shape == (0, 16)
+
+
+def test_light_cone_keeps_the_rows_that_can_reach_the_observable():
+    """Walking backward from the observable's qubits: a row is kept when it acts on a qubit reached so
+    far, and then its qubits are reached too."""
+    c = pp.Circuit(6)
+    c.h(0).cx(0, 1).rx(4, 0.3)  # rows 0-2: qubit 4 is reached only after row 3 (backward: before it)
+    c.cx(1, 4).rz(5, 0.2).h(3)  # rows 3-5: the observable sits on qubit 1
+    prog = P.lower(c)
+    assert P.light_cone(prog, 1 << 1).tolist() == [0, 1, 2, 3]
+    assert P.light_cone(prog, 1 << 3).tolist() == [5]
+    assert P.light_cone(prog, 0).tolist() == []
+    assert P.light_cone(prog, (1 << 6) - 1).tolist() == list(range(prog.length))
+
+
+@settings(max_examples=20)
+@given(st.integers(2, 7).flatmap(lambda n: st.tuples(st.just(n), st.lists(gate(n, noise=True), min_size=1, max_size=25),
+                                                      st.text("IXYZ", min_size=n, max_size=n))))
+def test_light_cone_leaves_the_estimate_unchanged(case):
+    """The rows outside the light cone act as the identity on every word the observable can have there:
+    the estimate, its dropped norms and its final terms are those of the whole circuit. (The terms after a
+    row can differ: a row outside the cone is read after the rows applied before it, where the whole
+    circuit reads it after the layer of rotations it shares with rows of the cone.)"""
+    from pauliprop.propagation import propagate as PR
+
+    n, ops, label = case
+    c, h = build(n, ops), pp.PauliSum.from_labels({label: 1.0, "Z" + "I" * (n - 1): 0.5})
+    params = np.linspace(0.1, 0.9, 8)
+    truncation = pp.Truncation(min_abs_coeff=1e-3, max_weight=3)
+    val, stats = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(PR, "observable_support", lambda obs: None)
+        whole, whole_stats = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    assert abs(float(val) - float(whole)) < 1e-12
+    np.testing.assert_allclose(stats.dropped_norm, whole_stats.dropped_norm, atol=1e-12)
+    assert len(stats.terms) == len(whole_stats.terms) == P.lower(c).length
+    assert stats.terms[:1].tolist() == whole_stats.terms[:1].tolist()
+    assert int(stats.max_terms_seen) <= int(whole_stats.max_terms_seen)

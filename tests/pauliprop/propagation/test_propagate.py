@@ -307,7 +307,11 @@ def _growing_circuit():
     return c, pp.PauliSum.from_labels({"ZZZZZI": 1.0})
 
 
-def test_capacity_overflow_is_reported_and_growth_is_exact():
+def test_capacity_overflow_is_reported_and_growth_is_exact(monkeypatch):
+    """The loop of engine.py (batches, max_terms and amplitude damping run there; tiled.py, the rest of
+    the concrete calls, has its own tests): a fixed capacity cuts and reports, no capacity grows."""
+    from pauliprop.propagation import propagate as PR
+    monkeypatch.setattr(PR, "tiled_supported", lambda *a: False)
     c, h = _growing_circuit()
     exact = float(pp.expectation(c, h, method="statevector"))
     # an explicit capacity that is too small: flagged, with the lost norm, and a warning
@@ -341,7 +345,6 @@ def test_capacity_overflow_is_reported_and_growth_is_exact():
     assert stats.capacity == 4096 and abs(float(val) - exact) < 1e-10
     assert isinstance(stats.capacity, int)
     # a call at the capacity growth found runs the growing call's program: nothing new to compile
-    from pauliprop.propagation import propagate as PR
     misses = PR._forward_jit.cache_info().misses
     assert float(pp.expectation(c, h, capacity=4096)) == float(val)
     assert PR._forward_jit.cache_info().misses == misses
@@ -481,11 +484,13 @@ def test_a_buffer_grows_the_same_on_the_device_and_on_the_host(batch):
     assert PR._grown(buf, 8) is buf
 
 
-def test_an_observables_merge_is_remembered_and_survives_the_loops_donation():
+def test_an_observables_merge_is_remembered_and_survives_the_loops_donation(monkeypatch):
     """A loop that passes one observable many times merges it once (the buffer is remembered on the
     observable, keyed by its arrays' identity); the loop donates its own buffer, never the remembered
-    one, even when the two have the same size (600 words of 5 qubits: 1,024 slots both)."""
+    one, even when the two have the same size (600 words of 5 qubits: 1,024 slots both). (The loop of
+    engine.py: batches, max_terms and amplitude damping run there.)"""
     from pauliprop.propagation import propagate as PR
+    monkeypatch.setattr(PR, "tiled_supported", lambda *a: False)
     rng = np.random.default_rng(5)
     codes = rng.choice(4**5, 600, replace=False)
     words = [{q: "IXYZ"[(int(c) >> (2 * q)) & 3] for q in range(5) if (int(c) >> (2 * q)) & 3} for c in codes]

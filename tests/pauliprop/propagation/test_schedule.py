@@ -119,3 +119,21 @@ def test_circuits_of_similar_size_share_table_shapes():
         tables = {**S.padded(S.schedule(P.lower(c))), **S.padded_units(S.units(S.schedule(P.lower(c))))}
         shapes.add(tuple(sorted((k, np.shape(v)) for k, v in tables.items())))
     assert len(shapes) == 1
+
+
+@given(st.lists(st.integers(0, 200), unique=True, max_size=40))
+def test_monotone_runs_cut_a_layer_where_its_order_turns(qubits):
+    """The runs cover the sequence in order, each only increases or only decreases, and no two
+    neighbouring runs could be one (each run but the last ends where the next value turns it)."""
+    runs = S.monotone_runs(np.array(qubits, np.int64))
+    assert sum(length for _, length, _ in runs) == len(qubits)
+    at = 0
+    for first, length, down in runs:
+        assert first == at
+        part = qubits[first:first + length]
+        assert all((b < a) == down for a, b in zip(part, part[1:]))
+        at += length
+    for (first, length, down), (nxt, _, _) in zip(runs, runs[1:]):
+        extended = qubits[first:nxt + 1]
+        assert not (len(extended) > 1 and all((b < a) == (extended[1] < extended[0])
+                                               for a, b in zip(extended, extended[1:])))

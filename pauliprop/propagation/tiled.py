@@ -1,0 +1,554 @@
+"""The tiled engine: a propagation whose compiled program does not depend on how far its terms grow.
+
+The live terms sit in a prefix [0, n) of buffers of a fixed capacity, sized once from the
+machine's memory and the circuit (propagate.py), and every pass over them is a loop over tiles of
+`Config.tile` slots whose trip count follows n. So one program serves a run however its terms
+grow, and a pass costs what the live terms cost, not the capacity.
+
+The units are the schedule's (schedule.units with layers): Clifford runs (one dense map, or gate
+by gate where the weight rule applies per gate), rotations, alone or as a layer on disjoint
+qubits, channels, and the truncation of a step (per="layer"). The observable's own merge runs on
+the host before the loop (`host_merge`).
+
+A rotation by G turns the words P that anticommute with it: P -> cos(a) P + sin(a) i G P, and
+i G P = s (P xor G). P meets only its partner P xor G, which anticommutes too, so a pass pairs its
+turning words through a hash table of their canonical members (pairing.py, no sort), mixes each
+pair in place, appends the partners that were missing behind the prefix, and removes what the
+truncation drops by a stable compaction. A layer of rotations on disjoint qubits runs in passes:
+pass j turns each word by the j-th rotation of the layer it anticommutes with. The rotations a
+word anticommutes with are the same for every word its rotations reach (its fiber), so each fiber
+sees the layer's rotations in order and the per-term rules drop what they drop gate by gate; a
+word of weight w anticommutes with at most w of a layer's rotations, so a layer of 127 rotations
+under max_weight 8 is at most 8 passes.
+
+A unit whose appended words would not fit stops the loop before it writes anything (`need` > 0,
+with the unit and pass to resume at): the caller raises a MemoryError or grows the buffers.
+Every pass leaves the scratch buffers (the hash table, the dropped flags) as it found them, so a
+run's buffers serve the next run as they are (propagate.py keeps them between calls).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..algebra import words as pauli_words
+from ..algebra.clifford import apply_map, popcount as popcount_numpy
+from ..runtime.prefix import count as _count, prefix_count
+from . import pairing, schedule
+from .engine import element_image, word_overlaps
+from .merge import halves
+from .truncation import Limits, violations
+
+
+class Work(NamedTuple):
+    """A run's buffers, capacity C: the terms in the prefix [0, n), and the passes' scratch."""
+
+    words: jax.Array  # (C, 2W) uint32: x lanes, then z lanes
+    coeffs: jax.Array  # (C,)
+    sins: jax.Array  # (C,) int32: the sine branches of each path (max_sins)
+    gone: jax.Array  # (C,) bool: dropped by the current unit, compacted at its end; all False between units
+    partner: jax.Array  # (C,) int32: a pass's pairing (pairing.py)
+    rot: jax.Array  # (C,) int32: the rotation each word turns by in the pass
+    slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one
+    table: jax.Array  # (2C,) int32: the pairing's hash table, all pairing.EMPTY between passes
+
+
+class Config(NamedTuple):
+    """The static part of a run: what its compiled program depends on."""
+
+    capacity: int
+    tile: int
+    rules: tuple  # Truncation.rules: which rules exist (their values are data)
+    per: str
+    units: tuple  # the unit kinds present (others compile to no-ops)
+    clifford: tuple  # Clifford runs as (dense maps, gate tables, quarter turns of generators)
+    unroll: int = 1  # clifford.apply_map's bytes an iteration
+    sweep: int = 1  # Clifford gates applied an iteration when a run goes gate by gate (GPUs: 8, as engine.SWEEP)
+    rounds: int = pairing.ROUNDS
+
+
+def empty_work(capacity: int, lanes: int, dtype) -> Work:
+    """Buffers for a run (zeros; the table EMPTY)."""
+    return Work(jnp.zeros((capacity, 2 * lanes), jnp.uint32), jnp.zeros(capacity, dtype),
+                jnp.zeros(capacity, jnp.int32), jnp.zeros(capacity, bool), jnp.zeros(capacity, jnp.int32),
+                jnp.zeros(capacity, jnp.int32), jnp.zeros(capacity, jnp.int32),
+                jnp.full(2 * capacity, pairing.EMPTY, jnp.int32))
+
+
+def slot_bytes(lanes: int, coeff_bytes: int) -> int:
+    """Bytes of Work a slot of capacity takes."""
+    return 8 * lanes + coeff_bytes + 4 + 1 + 4 + 4 + 4 + 2 * 4
+
+
+# ---- tiles --------------------------------------------------------------------------------------------
+
+def over_tiles(n, tile: int, body, carry):
+    """body(start, carry) for start = 0, tile, 2 tile, ... below n: a loop whose trip count follows n."""
+    return lax.fori_loop(0, (n + tile - 1) // tile, lambda i, c: body(i * tile, c), carry)
+
+
+def take(a, start, tile: int):
+    return lax.dynamic_slice_in_dim(a, start, tile, axis=0)
+
+
+def put(a, start, value):
+    return lax.dynamic_update_slice_in_dim(a, value, start, axis=0)
+
+
+def _charges(limits: Limits, coeffs, weights, sins, candidate):
+    """(keep mask, the 1-norm dropped per rule (weight, coefficient, sines)) of the candidates."""
+    drop_w, drop_c, drop_s = violations(limits, coeffs, weights, sins)
+    mag = jnp.abs(coeffs)
+    charge = jnp.stack([jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s)])
+    return candidate & ~drop_w & ~drop_c & ~drop_s, charge
+
+
+def _with_charge(dropped, charge):
+    return dropped.at[:3].add(charge.astype(dropped.dtype))
+
+
+def compact(work: Work, n, cfg: Config, any_gone=None):
+    """Remove the gone words of the prefix [0, n), keeping the order of the rest; clears `gone`.
+    Returns (work, the new n). In place: every word moves towards the front. Where nothing is gone
+    the loop runs no tile. (No lax.cond around a loop that scatters into the buffers: XLA:CPU then
+    copies every buffer at every iteration; a loop of zero trips costs nothing.)"""
+    tile = cfg.tile
+
+    def body(start, carry):
+        work, out = carry
+        valid = start + jnp.arange(tile) < n
+        keep = valid & ~take(work.gone, start, tile)
+        dest = jnp.where(keep, out + prefix_count(keep) - 1, cfg.capacity)
+        w, c, s = lax.optimization_barrier((take(work.words, start, tile), take(work.coeffs, start, tile),
+                                            take(work.sins, start, tile)))
+        work = work._replace(gone=put(work.gone, start, jnp.zeros(tile, bool)),
+                             words=work.words.at[dest].set(w, mode="drop"),
+                             coeffs=work.coeffs.at[dest].set(c, mode="drop"),
+                             sins=work.sins.at[dest].set(s, mode="drop"))
+        return work, out + _count(keep)
+
+    if any_gone is None:
+        any_gone = over_tiles(n, tile, lambda s, c: c | jnp.any(take(work.gone, s, tile)), jnp.bool_(False))
+    work, out = over_tiles(jnp.where(any_gone, n, 0), tile, body, (work, jnp.int32(0)))
+    return work, jnp.where(any_gone, out, n)
+
+
+def _tile_rules(work: Work, n, limits: Limits, weight_only: bool, cfg: Config, dropped):
+    """The per-term rules on every live word (per="layer" steps, the end of a Clifford map): marks gone."""
+    tile = cfg.tile
+    lim = Limits(max_weight=limits.max_weight) if weight_only else limits
+
+    def body(start, carry):
+        gone, dropped = carry
+        valid = start + jnp.arange(tile) < n
+        w = take(work.words, start, tile)
+        keep, charge = _charges(lim, take(work.coeffs, start, tile), _weight(w), take(work.sins, start, tile),
+                                valid & ~take(gone, start, tile))
+        return put(gone, start, take(gone, start, tile) | (valid & ~keep)), _with_charge(dropped, charge)
+
+    gone, dropped = over_tiles(n, tile, body, (work.gone, dropped))
+    return work._replace(gone=gone), dropped
+
+
+def _weight(words):
+    x, z = halves(words)
+    return pauli_words.weight(x, z)
+
+
+# ---- the units ----------------------------------------------------------------------------------------
+
+class State(NamedTuple):
+    """The loop's state between units."""
+
+    work: Work
+    n: jax.Array  # live terms: the prefix [0, n)
+    unit: jax.Array  # the next unit
+    step: jax.Array  # the pass of that unit to start at (a layer stopped midway)
+    need: jax.Array  # > 0: the slots the stopped pass needed (it wrote nothing)
+    dropped: jax.Array  # (5,) 1-norm dropped per rule (truncation.RULES)
+    terms: jax.Array  # (U,) int32 live terms after each unit
+    peak: jax.Array  # int32: the most live terms after any pass
+
+
+def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
+    """A run of Clifford operations on every live word, tile by tile: one dense map, or gate by gate
+    (each tile through all of the run's gates) where the weight rule drops a word after the gate that
+    made it too heavy (per="gate" with max_weight). The other rules do not change under a Clifford.
+    Inactive (another kind of unit): every loop runs no tile."""
+    tile = cfg.tile
+    live = jnp.where(active, st.n, 0)
+    weight_each = cfg.per == "gate" and cfg.rules[0]
+    gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
+
+    def dense(work, dropped):
+        m = T["u_start"][u]
+
+        def body(start, work):
+            x, z = halves(take(work.words, start, tile))
+            x, z, sign = apply_map(x, z, T["map_x"][m], T["map_z"][m], T["map_phase"][m], cfg.unroll)
+            return work._replace(words=put(work.words, start, jnp.concatenate([x, z], -1)),
+                                 coeffs=put(work.coeffs, start, take(work.coeffs, start, tile) * sign.astype(
+                                     work.coeffs.dtype)))
+
+        return over_tiles(jnp.where(T["u_dense"][u], live, 0), tile, body, work), dropped
+
+    def by_gates(work, dropped):
+        first, count = T["u_start"][u], T["u_count"][u]
+        last = T["cl_kind"].shape[0] - 1
+
+        def body(start, carry):
+            work, dropped = carry
+            valid = start + jnp.arange(tile) < live
+
+            def gate(j, ok, c):
+                w, coeffs, gone, dropped = c
+                nw, sign, touched = element_image(T, jnp.minimum(j, last), w, cfg.clifford)
+                touched = touched & valid & ~gone & ok
+                w = jnp.where(touched[:, None], nw, w)
+                coeffs = jnp.where(touched, coeffs * sign.astype(coeffs.dtype), coeffs)
+                if gate_limits.max_weight is not None:
+                    keep, charge = _charges(gate_limits, coeffs, _weight(w), jnp.zeros_like(valid, jnp.int32), touched)
+                    gone, dropped = gone | (touched & ~keep), _with_charge(dropped, charge)
+                return w, coeffs, gone, dropped
+
+            def sweep(i, c):  # cfg.sweep gates an iteration (one fused pass over the tile on a GPU)
+                for k in range(cfg.sweep):
+                    j = first + i * cfg.sweep + k
+                    c = gate(j, j < first + count, c)
+                return c
+
+            c = (take(work.words, start, tile), take(work.coeffs, start, tile), take(work.gone, start, tile), dropped)
+            w, coeffs, gone, dropped = lax.fori_loop(0, (count + cfg.sweep - 1) // cfg.sweep, sweep, c)
+            return work._replace(words=put(work.words, start, w), coeffs=put(work.coeffs, start, coeffs),
+                                 gone=put(work.gone, start, gone)), dropped
+
+        return over_tiles(jnp.where(T["u_dense"][u], 0, live), tile, body, (work, dropped))
+
+    work, dropped = st.work, st.dropped
+    if cfg.clifford[0]:
+        work, dropped = dense(work, dropped)
+    if cfg.clifford[1] or cfg.clifford[2]:
+        work, dropped = by_gates(work, dropped)
+    # the end of the run: the weight rule, unless it ran gate by gate (the other rules hold already)
+    if cfg.rules[0] and not weight_each:
+        work, dropped = _tile_rules(work, live, limits, True, cfg, dropped)
+    work, n = compact(work, live, cfg)
+    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
+
+
+def channel_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
+    """Pauli channels on every live word, each tile through all of the unit's channels (they commute and
+    scale coefficients by factors of at most 1 in size, so the coefficient rule after the last one drops
+    what it would drop after each)."""
+    tile = cfg.tile
+    first, count = T["u_start"][u], T["u_count"][u]
+    last = T["ch_qubit"].shape[0] - 1
+
+    def body(start, work):
+        x, z = halves(take(work.words, start, tile))
+
+        def one(j, coeffs):
+            j = jnp.minimum(j, last)
+            q = T["ch_qubit"][j]
+            code = (pauli_words.get_site(x, q) | pauli_words.get_site(z, q) << 1).astype(jnp.int32)
+            return coeffs * T["ch_factor"][j][code].astype(coeffs.dtype)
+
+        return work._replace(coeffs=put(work.coeffs, start, lax.fori_loop(first, first + count, one,
+                                                                           take(work.coeffs, start, tile))))
+
+    live = jnp.where(active, st.n, 0)
+    work = over_tiles(live, tile, body, st.work)
+    rule = limits if cfg.per == "layer" else Limits(min_abs_coeff=limits.min_abs_coeff)
+    dropped = st.dropped
+    if rule.min_abs_coeff is not None or cfg.per == "layer":
+        work, dropped = _tile_rules(work, live, rule, False, cfg, dropped)
+    work, n = compact(work, live, cfg)
+    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
+
+
+def truncate_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
+    """The rules on every live word: the end of a step whose rotations deferred them (per="layer")."""
+    live = jnp.where(active, st.n, 0)
+    work, dropped = _tile_rules(st.work, live, limits, False, cfg, st.dropped)
+    work, n = compact(work, live, cfg)
+    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
+
+
+class Layer(NamedTuple):
+    """The rotations of a unit (a layer on disjoint qubits whose lowest qubits increase or decrease,
+    or one rotation), at most 32 W of them, in order."""
+
+    gens: jax.Array  # (R, 2W) uint32 generators
+    cos: jax.Array  # (R,)
+    sin: jax.Array  # (R,)
+    gx: jax.Array  # (W,) the x bits of all the generators (their supports are disjoint)
+    gz: jax.Array  # (W,)
+    single: jax.Array  # bool: every generator acts on one qubit
+    fold: tuple  # byte tables of the map from per-qubit anticommutation bits to each generator's lowest qubit
+    rotation_at: jax.Array  # (32 W,) int32: the rotation whose lowest qubit is q
+    down: jax.Array  # bool: the rotations come in decreasing order of their lowest qubits
+
+
+def _angle(T, rows, params):
+    idx = T["rot_index"][rows]
+    p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros(rows.shape, params.dtype)
+    return jnp.where(idx >= 0, T["rot_scale"][rows].astype(params.dtype) * p, 0) + T["rot_offset"][rows].astype(
+        params.dtype)
+
+
+def _lowest(words):
+    """(R,) int32 the lowest qubit of each word (R, W) (32 W where it has none)."""
+    lanes = words.shape[1]
+    lane = jnp.argmax(words != 0, axis=1).astype(jnp.int32)
+    bits = jnp.take_along_axis(words, lane[:, None], axis=1)[:, 0]
+    low = pauli_words.popcount((bits & (~bits + jnp.uint32(1))) - jnp.uint32(1))
+    return jnp.where(bits != 0, lane * pauli_words.LANE_BITS + low, pauli_words.LANE_BITS * lanes)
+
+
+def layer_of(T, u, params, lanes: int, dtype) -> Layer:
+    most = pauli_words.LANE_BITS * lanes
+    start, count = T["u_start"][u], T["u_count"][u]
+    rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
+    on = jnp.arange(most) < count
+    angle = _angle(T, rows, params).astype(dtype)
+    gx = jnp.where(on[:, None], T["rot_gx"][rows], 0)
+    gz = jnp.where(on[:, None], T["rot_gz"][rows], 0)
+    support = gx | gz
+    low = jnp.where(on, _lowest(support), most)
+    rotation_at = jnp.zeros(most, jnp.int32).at[low].set(jnp.arange(most, dtype=jnp.int32), mode="drop")
+    weights = jnp.sum(pauli_words.popcount(support), axis=1)
+    # the fold: qubit p of a generator's support -> that generator's lowest qubit (an identity for one-qubit ones)
+    bit_on = ((support[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1).reshape(most, most) != 0
+    owner = jnp.max(jnp.where(bit_on, low[:, None], -1), axis=0)
+    image = jnp.where((owner >= 0)[:, None] & (jnp.arange(lanes) == (owner // 32)[:, None]),
+                      jnp.uint32(1) << (jnp.maximum(owner, 0) % 32).astype(jnp.uint32)[:, None], jnp.uint32(0))
+    return Layer(jnp.concatenate([gx, gz], -1), jnp.cos(angle), jnp.sin(angle),
+                 lax.reduce(gx, jnp.uint32(0), lax.bitwise_or, (0,)), lax.reduce(gz, jnp.uint32(0), lax.bitwise_or, (0,)),
+                 jnp.all(jnp.where(on, weights <= 1, True)), _byte_tables(image), rotation_at, T["u_down"][u])
+
+
+def _byte_tables(image):
+    """(B, 256, W) uint32: for byte b of a packed word and each of its values, the XOR of the images
+    (rows of `image`, one a bit) of the bits it sets: a GF(2) linear map applied by B lookups."""
+    bits, lanes = image.shape
+    chunks = bits // 8
+    img = image.reshape(chunks, 8, lanes)
+    v = ((jnp.arange(256, dtype=jnp.uint32)[:, None] >> jnp.arange(8, dtype=jnp.uint32)) & 1) != 0
+    return (lax.reduce(jnp.where(v[None, :, :, None], img[:, None], jnp.uint32(0)), jnp.uint32(0), lax.bitwise_xor,
+                       (2,)),)
+
+
+def _apply_fold(bits, tables):
+    """The linear map of `_byte_tables` on words of bits (T, W)."""
+    (tab,) = tables
+    out = jnp.zeros_like(bits)
+    for c in range(tab.shape[0]):
+        byte = ((bits[:, c // 4] >> jnp.uint32(8 * (c % 4))) & jnp.uint32(0xFF)).astype(jnp.int32)
+        out = out ^ tab[c][byte]
+    return out
+
+
+def anticommuting_bits(words, layer: Layer):
+    """(T, W) uint32: the bit of each rotation's lowest qubit is set where the word anticommutes with it.
+    A rotation's generator meets a word at each qubit of its support where their letters differ and
+    neither is I; they anticommute when it meets an odd number of them."""
+    x, z = halves(words)
+    meets = (x & layer.gz) ^ (z & layer.gx)
+    return lax.cond(layer.single, lambda m: m, lambda m: _apply_fold(m, layer.fold), meets)
+
+
+def turning_at(words, valid, j, layer: Layer):
+    """(turning, rotation index, passes) of each word in pass j: whether it anticommutes with at least
+    j + 1 of the layer's rotations, the (j + 1)-th of them in the layer's order, and how many it
+    anticommutes with."""
+    bits = anticommuting_bits(words, layer)
+    passes = jnp.sum(pauli_words.popcount(bits), axis=1, dtype=jnp.int32)
+    nth = jnp.where(layer.down, passes - 1 - j, j)
+    at, has = pauli_words.nth_set_bit(bits, jnp.maximum(nth, 0))
+    rot = layer.rotation_at[jnp.minimum(at, layer.rotation_at.shape[0] - 1)]
+    return valid & has & (nth >= 0), rot, passes
+
+
+def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
+    """A rotation or a layer of rotations on disjoint qubits, in passes (the module docstring); stops
+    before a pass whose appended words would not fit, to resume at that pass. Inactive: no pass."""
+    lanes = st.work.words.shape[1] // 2
+    layer = layer_of(T, u, params, lanes, st.work.coeffs.dtype)
+    rules = limits.off_unless(~T["u_defer"][u])
+
+    def cond(c):
+        s, passes = c
+        return (s.step < passes) & (s.need == 0)
+
+    def one_pass(c):
+        s, _ = c
+        def turn(w, valid):
+            t, rot, passes = turning_at(w, valid, s.step, layer)
+            return t, rot, w ^ layer.gens[rot], passes
+
+        work, turning, most = pairing.pair(s.work, s.n, turn, cfg)
+        work, need, added, dropped, gone = _mix(work, s.n, layer, rules, s.dropped, turning, cfg)
+        work, n = compact(work, s.n + added, cfg, gone > 0)
+        peak = jnp.maximum(s.peak, n)
+        stepped = jnp.where(need > 0, s.step, s.step + 1)
+        return s._replace(work=work, n=n, step=stepped, need=need, dropped=dropped, peak=peak), most
+
+    st, _ = lax.while_loop(cond, one_pass, (st, jnp.where(active, st.step + 1, 0)))
+    return st._replace(step=jnp.where(st.need > 0, st.step, 0))
+
+
+def _mix(work: Work, n, layer: Layer, limits: Limits, dropped, turning, cfg: Config):
+    """The pass's arithmetic once its words are paired: each pair mixes in place (its lower slot
+    writes both), a word without a partner keeps cos(a) of its coefficient and appends the partner
+    with sin(a) s of it, the rules mark what they drop, and the table is cleared. Nothing is written
+    when the appended words would not fit: returns (work, slots needed (0: it fitted), words
+    appended, dropped, words marked gone)."""
+    tile = cfg.tile
+    sins_on = cfg.rules[3]
+
+    def spawning(start, work):
+        """The tile's words as the pairing left them, and the partners of those without one that the
+        rules keep. Values read before anything is written (an optimization barrier: XLA would
+        otherwise fuse these reads into the writes and copy the whole buffer to keep them apart)."""
+        idx = start + jnp.arange(tile)
+        w = take(work.words, start, tile)
+        p, rot = take(work.partner, start, tile), take(work.rot, start, tile)
+        t = (idx < n) & (p != pairing.NOT_TURNING)
+        lone = t & (p == pairing.UNPAIRED)
+        g = layer.gens[rot]
+        sign = _sign(w, g)
+        c, s = take(work.coeffs, start, tile), take(work.sins, start, tile)
+        spawn = layer.sin[rot] * sign.astype(c.dtype) * c
+        keep, _ = _charges(limits, spawn, _weight(w ^ g), s + 1, lone)
+        return idx, w, t, p, rot, g, sign, c, s, lone, spawn, keep
+
+    # the appended words fit when the live words and every turning one do (a bound: a loop that counted
+    # the appended words exactly would cost every pass a wait for the host on GPUs)
+    need = n + turning
+    fits = need <= cfg.capacity
+
+    def body(start, carry):
+        work, added, dropped, gone_count = carry
+        idx, w, t, p, rot, g, sign, c, s, lone, spawn, keep_spawn = spawning(start, work)
+        slot = take(work.slot, start, tile)
+        lead = t & (p >= 0) & (idx < p)  # the lower slot of a pair writes both
+        q = jnp.where(lead, p, 0)
+        cq, sq = work.coeffs[q], work.sins[q] if sins_on else s
+        was_gone = take(work.gone, start, tile)
+        c, s, cq, sq, slot, was_gone = lax.optimization_barrier((c, s, cq, sq, slot, was_gone))
+        table = work.table.at[jnp.where(slot >= 0, slot, work.table.shape[0])].set(pairing.EMPTY, mode="drop")
+        cos, sin = layer.cos[rot], layer.sin[rot]
+        sgn = sign.astype(c.dtype)
+        mine = jnp.where(lead, cos * c - sin * sgn * cq, cos * c)  # i G Q = -s P for the partner Q of P
+        theirs = cos * cq + sin * sgn * c
+        my_sins = jnp.where(lead, jnp.minimum(s, sq + 1), s)
+        their_sins = jnp.minimum(sq, s + 1)
+        keep_mine, charge_mine = _charges(limits, mine, _weight(w), my_sins, lead | lone)
+        keep_theirs, charge_theirs = _charges(limits, theirs, _weight(w ^ g), their_sins, lead)
+        _, charge_spawn = _charges(limits, spawn, _weight(w ^ g), s + 1, lone)
+        dropped = _with_charge(dropped, charge_mine + charge_theirs + charge_spawn)
+        mine_at = (lead | lone) & fits
+        lead = lead & fits
+        keep_spawn = keep_spawn & fits
+        # the tile first (a partner written by an earlier tile's lead is read back unchanged), then the
+        # partners and the appended words
+        at_q = jnp.where(lead, q, cfg.capacity)
+        dest = jnp.where(keep_spawn, n + added + prefix_count(keep_spawn) - 1, cfg.capacity)
+        coeffs = put(work.coeffs, start, jnp.where(mine_at, mine, c))
+        coeffs = coeffs.at[at_q].set(theirs, mode="drop").at[dest].set(spawn, mode="drop")
+        gone = put(work.gone, start, was_gone | (mine_at & ~keep_mine)).at[at_q].set(~keep_theirs, mode="drop")
+        work = work._replace(coeffs=coeffs, gone=gone, table=table,
+                             words=work.words.at[dest].set(w ^ g, mode="drop"))
+        if sins_on:
+            sins = put(work.sins, start, jnp.where(mine_at, my_sins, s))
+            work = work._replace(sins=sins.at[at_q].set(their_sins, mode="drop").at[dest].set(s + 1, mode="drop"))
+        gone_count = gone_count + _count(mine_at & ~keep_mine) + _count(lead & ~keep_theirs)
+        return work, added + _count(keep_spawn), jnp.where(fits, dropped, carry[2]), gone_count
+
+    # every tile clears its claims; only a pass that fits writes anything else
+    work, added, dropped, gone = over_tiles(n, tile, body, (work, jnp.int32(0), dropped, jnp.int32(0)))
+    return work, jnp.where(fits, 0, need), added, dropped, gone
+
+
+def _sign(words, gens):
+    """s of i G P = s (P xor G) for each word P and its generator G (for anticommuting pairs)."""
+    x, z = halves(words)
+    gx, gz = halves(gens)
+    return pauli_words.product_sign(x, z, gx, gz)
+
+
+UNIT_FUNCTIONS = ((clifford_unit, (schedule.U_CLIFFORD,)), (rotation_unit, (schedule.U_SPLIT, schedule.U_LAYER)),
+                  (channel_unit, (schedule.U_CHANNEL,)), (truncate_unit, (schedule.U_TRUNCATE,)))
+
+
+def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config):
+    """Apply units `unit` .. num_units - 1 (starting at pass `step` of the first) to the prefix [0, n).
+    Stops at a pass whose appended words would not fit (State.need > 0). Returns the State."""
+    num_units = T["num_units"]
+
+    def body(st):
+        # every kind of unit the program holds, each active only for its own: a loop of zero trips costs
+        # nothing, where a lax.switch around loops that scatter made XLA:CPU copy the buffers each trip
+        u = st.unit
+        kind = T["u_kind"][u]
+        for f, kinds in UNIT_FUNCTIONS:
+            if any(k in cfg.units for k in kinds):
+                st = f(st, u, T, params, limits, cfg, functools.reduce(jnp.logical_or, [kind == k for k in kinds]))
+        done = st.need == 0
+        return st._replace(unit=jnp.where(done, u + 1, u), terms=st.terms.at[u].set(st.n),
+                           peak=jnp.maximum(st.peak, st.n))
+
+    init = State(work, jnp.asarray(n, jnp.int32), jnp.asarray(unit, jnp.int32), jnp.asarray(step, jnp.int32),
+                 jnp.int32(0), jnp.zeros(5, work.coeffs.dtype), jnp.zeros(T["u_kind"].shape[0], jnp.int32),
+                 jnp.asarray(n, jnp.int32))
+    return lax.while_loop(lambda s: (s.unit < num_units) & (s.need == 0), body, init)
+
+
+def value(work: Work, n, table, tile: int):
+    """sum over the live words of coefficient * <state| P |state> (overlap_table's product state)."""
+    def body(start, total):
+        w, c = take(work.words, start, tile), take(work.coeffs, start, tile)
+        x, z = halves(w)
+        ov = word_overlaps(x, z, table).astype(c.dtype)
+        return total + jnp.sum(jnp.where(start + jnp.arange(tile) < n, c * ov, 0))
+
+    return over_tiles(n, tile, body, jnp.zeros((), work.coeffs.dtype))
+
+
+def load(work: Work, words, coeffs, n) -> Work:
+    """The observable (host-merged: distinct words, padded) into the prefix of the buffers."""
+    return work._replace(words=put(work.words, 0, words), coeffs=put(work.coeffs, 0, coeffs),
+                         sins=put(work.sins, 0, jnp.zeros(coeffs.shape[0], jnp.int32)))
+
+
+# ---- the observable's merge, on the host ----------------------------------------------------------------
+
+def host_merge(x: np.ndarray, z: np.ndarray, coeffs: np.ndarray, truncation) -> tuple:
+    """Distinct words of the observable with their summed coefficients, the per-term rules applied
+    (numpy: an observable is small). Returns (words (t, 2W), coeffs (t,), dropped (5,))."""
+    words = np.concatenate([np.asarray(x, np.uint32), np.asarray(z, np.uint32)], axis=1)
+    coeffs = np.asarray(coeffs)
+    dropped = np.zeros(5)
+    if len(words) == 0:
+        return words, coeffs, dropped
+    uniq, inverse = np.unique(words, axis=0, return_inverse=True)
+    summed = np.zeros(len(uniq), coeffs.dtype)
+    np.add.at(summed, inverse.reshape(-1), coeffs)
+    w = uniq.shape[1] // 2
+    weight = popcount_numpy(uniq[:, :w] | uniq[:, w:]).sum(-1)
+    keep = np.ones(len(uniq), bool)
+    if truncation.max_weight is not None:
+        heavy = weight > truncation.max_weight
+        dropped[0] = np.abs(summed[heavy & keep]).sum()
+        keep &= ~heavy
+    if truncation.min_abs_coeff is not None:
+        small = np.abs(summed) < truncation.min_abs_coeff
+        dropped[1] = np.abs(summed[small & keep]).sum()
+        keep &= ~small
+    return uniq[keep], summed[keep], dropped
