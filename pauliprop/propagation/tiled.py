@@ -69,8 +69,12 @@ class Config(NamedTuple):
     units: tuple  # the unit kinds present (others compile to no-ops)
     clifford: tuple  # Clifford runs as (dense maps, gate tables, quarter turns of generators)
     unroll: int = 1  # clifford.apply_map's bytes an iteration
-    sweep: int = 1  # Clifford gates applied an iteration when a run goes gate by gate (GPUs: 8, as engine.SWEEP)
-    rounds: int = pairing.ROUNDS
+    sweep: int = 1  # Clifford gates applied an iteration when a run goes gate by gate (GPUs: SWEEP in propagate.py)
+    clifford_tile: int = 0  # the tiles of a Clifford run (each word mapped alone); 0: `tile`
+
+    @property
+    def word_tile(self) -> int:
+        return self.clifford_tile or self.tile
 
 
 def empty_work(capacity: int, lanes: int, dtype) -> Work:
@@ -139,10 +143,10 @@ def compact(work: Work, n, cfg: Config, any_gone=None):
     return work, jnp.where(any_gone, out, n)
 
 
-def _tile_rules(work: Work, n, limits: Limits, weight_only: bool, cfg: Config, dropped):
-    """The per-term rules on every live word (per="layer" steps, the end of a Clifford map): marks gone."""
+def _tile_rules(work: Work, n, limits: Limits, cfg: Config, dropped):
+    """The per-term rules on every live word of [0, n): marks what they drop gone."""
     tile = cfg.tile
-    lim = Limits(max_weight=limits.max_weight) if weight_only else limits
+    lim = limits
 
     def body(start, carry):
         gone, dropped = carry
@@ -180,8 +184,10 @@ def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
     """A run of Clifford operations on every live word, tile by tile: one dense map, or gate by gate
     (each tile through all of the run's gates) where the weight rule drops a word after the gate that
     made it too heavy (per="gate" with max_weight). The other rules do not change under a Clifford.
-    Inactive (another kind of unit): every loop runs no tile."""
-    tile = cfg.tile
+    Its tiles are Config.clifford_tile long (each word alone: small tiles waste nothing where the terms are
+    few, and many tiles cost launches only where they are many). Inactive (another kind of unit):
+    every loop runs no tile."""
+    tile = cfg.word_tile
     live = jnp.where(active, st.n, 0)
     weight_each = cfg.per == "gate" and cfg.rules[0]
     gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
@@ -235,11 +241,7 @@ def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
         work, dropped = dense(work, dropped)
     if cfg.clifford[1] or cfg.clifford[2]:
         work, dropped = by_gates(work, dropped)
-    # the end of the run: the weight rule, unless it ran gate by gate (the other rules hold already)
-    if cfg.rules[0] and not weight_each:
-        work, dropped = _tile_rules(work, live, limits, True, cfg, dropped)
-    work, n = compact(work, live, cfg)
-    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
+    return st._replace(work=work, dropped=dropped)  # run() applies the rules at the end of the run and compacts
 
 
 def channel_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
@@ -262,22 +264,7 @@ def channel_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -
         return work._replace(coeffs=put(work.coeffs, start, lax.fori_loop(first, first + count, one,
                                                                            take(work.coeffs, start, tile))))
 
-    live = jnp.where(active, st.n, 0)
-    work = over_tiles(live, tile, body, st.work)
-    rule = limits if cfg.per == "layer" else Limits(min_abs_coeff=limits.min_abs_coeff)
-    dropped = st.dropped
-    if rule.min_abs_coeff is not None or cfg.per == "layer":
-        work, dropped = _tile_rules(work, live, rule, False, cfg, dropped)
-    work, n = compact(work, live, cfg)
-    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
-
-
-def truncate_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
-    """The rules on every live word: the end of a step whose rotations deferred them (per="layer")."""
-    live = jnp.where(active, st.n, 0)
-    work, dropped = _tile_rules(st.work, live, limits, False, cfg, st.dropped)
-    work, n = compact(work, live, cfg)
-    return st._replace(work=work, n=jnp.where(active, n, st.n), dropped=dropped)
+    return st._replace(work=over_tiles(jnp.where(active, st.n, 0), tile, body, st.work))  # rules: run()
 
 
 class Layer(NamedTuple):
@@ -484,7 +471,21 @@ def _sign(words, gens):
 
 
 UNIT_FUNCTIONS = ((clifford_unit, (schedule.U_CLIFFORD,)), (rotation_unit, (schedule.U_SPLIT, schedule.U_LAYER)),
-                  (channel_unit, (schedule.U_CHANNEL,)), (truncate_unit, (schedule.U_TRUNCATE,)))
+                  (channel_unit, (schedule.U_CHANNEL,)))
+
+
+def end_rules(kind, limits: Limits, cfg: Config) -> Limits:
+    """The rules a unit of this kind applies to every live word at its end (the rotations apply theirs
+    inside): a Clifford run the weight rule, unless it ran gate by gate (the other rules do not change
+    under a Clifford); channels the coefficient rule (per gate: after the last of a unit's channels,
+    which scale by at most 1, it drops what it would after each), or all of them per layer; the end of
+    a step whose rotations deferred their rules (TRUNCATE) all of them; other units none."""
+    clifford, channel, truncate = (kind == schedule.U_CLIFFORD), (kind == schedule.U_CHANNEL), (kind == schedule.U_TRUNCATE)
+    weight_each = cfg.per == "gate" and cfg.rules[0]
+    everything = truncate | (channel & (cfg.per == "layer"))
+    on = dict(max_weight=everything | (clifford & (not weight_each)), min_abs_coeff=everything | channel,
+              max_terms=everything, max_sins=everything)
+    return limits.off_unless_each(on)
 
 
 def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config):
@@ -500,6 +501,12 @@ def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config)
         for f, kinds in UNIT_FUNCTIONS:
             if any(k in cfg.units for k in kinds):
                 st = f(st, u, T, params, limits, cfg, functools.reduce(jnp.logical_or, [kind == k for k in kinds]))
+        # the other units' rules at their ends, and their compaction: one loop for every kind
+        whole = (kind == schedule.U_CLIFFORD) | (kind == schedule.U_CHANNEL) | (kind == schedule.U_TRUNCATE)
+        live = jnp.where(whole, st.n, 0)
+        work, dropped = _tile_rules(st.work, live, end_rules(kind, limits, cfg), cfg, st.dropped)
+        work, n = compact(work, live, cfg)
+        st = st._replace(work=work, dropped=dropped, n=jnp.where(whole, n, st.n))
         done = st.need == 0
         return st._replace(unit=jnp.where(done, u + 1, u), terms=st.terms.at[u].set(st.n),
                            peak=jnp.maximum(st.peak, st.n))

@@ -87,6 +87,13 @@ class Limits(NamedTuple):
     max_terms: jax.Array | None = None
     max_sins: jax.Array | None = None
 
+    def off_unless_each(self, on: dict) -> "Limits":
+        """Each rule's limit where on[its name], else one that drops nothing (`on`: bools by field name)."""
+        off = dict(max_weight=OFF, min_abs_coeff=0, max_terms=OFF, max_sins=OFF)
+        pick = lambda f: None if getattr(self, f) is None else jnp.where(
+            on[f], getattr(self, f), jnp.asarray(off[f], jnp.asarray(getattr(self, f)).dtype))
+        return Limits(*(pick(f) for f in self._fields))
+
     def off_unless(self, on) -> "Limits":
         """These limits where `on`, else limits that drop nothing (the rules of a deferred step)."""
         pick = lambda v, off: None if v is None else jnp.where(on, v, jnp.asarray(off, jnp.asarray(v).dtype))
