@@ -39,6 +39,24 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
+    f = "native_peers_h100_2026-11-28.json"  # ours on the GPU, the native peers on the host's 16 cores
+    d = _load(f)
+    rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
+                                                and r.get("status") == "ok" and (process is None or r["process"] == process))
+
+    def faster(case, key):
+        """(name, seconds) of the faster native peer on this case, by `key`."""
+        best = min(("paulistrings", "monoprop"), key=lambda t: rec(t, case)[key])
+        return f"{'paulistrings-rs' if best == 'paulistrings' else 'monoprop'} (16 cores)", rec(best, case)[key]
+
+    for case, what in (("KI theta_h=pi/4", "127-qubit kicked Ising <Z62> at pi/4 (1e-4, weight 8), warm"),
+                       ("2D Ising L=4", "2D Ising 4x4 (monoprop's benchmark, 1e-6, 2.0M terms), warm"),
+                       ("2D Ising L=8", "2D Ising 8x8 (5.5M terms), warm")):
+        name, peer = faster(case, "warm_call_s")
+        out.append(_row(what, d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
+    name, peer = faster("2D Ising L=4", "first_call_s")
+    out.append(_row("2D Ising 4x4, first call in a fresh process, empty compilation cache", d,
+                    rec("ours", "2D Ising L=4", "empty cache")["first_call_s"], name, peer, [f]))
     f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)
     ours, peer, runs = d["ours"], d["cupauliprop"], d["fresh_runs"]
