@@ -8,9 +8,12 @@
   the default limit of 65,530 after a few dozen programs, and LLVM then fails with "Cannot allocate
   memory" and aborts in whatever compiles next (three CI runs, 2026-11-22/23: in a persistent-cache
   write, a cache read and a sampler compile).
-* No persistent compilation cache: a cache keeps executables alive too, and only an explicit
-  JAX_COMPILATION_CACHE_DIR from the environment turns it on (PAULIPROP_NO_CACHE=1 keeps pauliprop
-  from turning on its default one; tests/pauliprop/runtime/test_compilation.py runs it in subprocesses).
+* One persistent compilation cache for the test run, in its temporary folder (shared by the
+  pytest-xdist workers and the subprocesses the tests start, through JAX_COMPILATION_CACHE_DIR), so a
+  program that several processes need compiles once a run; never the user's cache
+  (PAULIPROP_NO_CACHE=1 keeps pauliprop from turning on its default one;
+  tests/pauliprop/runtime/test_compilation.py tests that one in subprocesses of its own). An explicit
+  JAX_COMPILATION_CACHE_DIR from the environment is kept.
 * Hypothesis: no deadline (the first example of a property pays for the JAX compile).
 """
 
@@ -25,6 +28,17 @@ import jax
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """The run's compilation cache: <basetemp>/jax-cache (the workers' common parent under xdist)."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    base = config._tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-cache"
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
 
 
 @pytest.fixture
