@@ -43,21 +43,40 @@ def test_every_row_is_in_one_step_of_its_kind(data):
     # maximal runs: no two neighbouring Clifford (or channel) steps
     for a, b in zip(sched.kind[:-1], sched.kind[1:]):
         assert not (a == b and a in (S.CLIFFORD, S.CHANNEL))
-    # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer
-    # with layers=True a multi-rotation layer is one LAYER unit over its rotations, read after it (or
-    # after its truncation, per layer)
+    # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer.
+    # With layers=True a multi-rotation layer is cut into runs whose lowest qubits only increase or only
+    # decrease: a run of several rotations is one LAYER unit (its direction in `down`), a run of one a
+    # SPLIT unit, in the step's order; per="layer", every row of the layer is read after its truncation
     for per in ("gate", "layer"):
         layers = [i for i, (k, c) in enumerate(zip(sched.kind, sched.count)) if k == S.LAYER and c > 1]
+        span = lambda i, first=0, length=None: slice(sched.start[i] + first,
+                                                     sched.start[i] + first + (sched.count[i] if length is None else length))
+        runs = {i: S.monotone_runs(S.lowest_qubits(sched.rot_gx[span(i)], sched.rot_gz[span(i)])) for i in layers}
         for as_layers in (False, True):
             u = S.units(sched, per, layers=as_layers)
             assert u.unit_of_op.shape == (prog.length,) and np.all(u.unit_of_op < u.length)
             assert int(np.sum(u.kind == S.U_TRUNCATE)) == (len(layers) if per == "layer" else 0)
-            assert int(np.sum(u.kind == S.U_LAYER)) == (len(layers) if as_layers else 0)
+            several = sum(length > 1 for i in layers for _, length, _ in runs[i])
+            assert int(np.sum(u.kind == S.U_LAYER)) == (several if as_layers else 0)
             rotations = int(sum(c for k, c in zip(sched.kind, sched.count) if k == S.LAYER))
             assert int(np.sum(u.count[u.kind == S.U_LAYER]) + np.sum(u.kind == S.U_SPLIT)) == rotations
             for i in (layers if as_layers else ()):
-                unit = {int(u.unit_of_op[r]) for r in sched.step_ops[i]}
-                assert len(unit) == 1 and u.kind[unit.pop()] == (S.U_LAYER if per == "gate" else S.U_TRUNCATE)
+                assert sum(length for _, length, _ in runs[i]) == sched.count[i]
+                if per == "layer":
+                    unit = {int(u.unit_of_op[r]) for r in sched.step_ops[i]}
+                    assert len(unit) == 1 and u.kind[unit.pop()] == S.U_TRUNCATE
+                    continue
+                seen = []
+                for first, length, down in runs[i]:
+                    q = S.lowest_qubits(sched.rot_gx[span(i, first, length)], sched.rot_gz[span(i, first, length)])
+                    assert np.all(np.diff(q) < 0) if down else np.all(np.diff(q) > 0)
+                    unit = {int(u.unit_of_op[r]) for r in sched.rot_op[span(i, first, length)]}
+                    assert len(unit) == 1
+                    k = unit.pop()
+                    assert u.kind[k] == (S.U_LAYER if length > 1 else S.U_SPLIT) and u.count[k] == length
+                    assert bool(u.down[k]) == down and u.start[k] == sched.start[i] + first
+                    seen.append(k)
+                assert seen == sorted(set(seen))  # one unit a run, in the step's order
 
 
 def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():
