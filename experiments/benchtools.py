@@ -1,10 +1,12 @@
-"""What every benchmark script records beside its figures: the machine, the versions, the command."""
+"""What every benchmark script records beside its figures: the machine, the versions, the command,
+and what a process compiled."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as _md
 import json
+import logging
 import os
 import platform
 import socket
@@ -168,3 +170,30 @@ def device_kernels(run, top: int = 25) -> dict:
     return {"profiled_span_s": span, "device_events": len(device), "device_busy_s": sum(e["dur"] for e in device) * 1e-6,
             "device_to_host_copies": copies,
             "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(top)]}
+
+
+def watch_compilations():
+    """(compiles, hits, stages), filled as JAX works: the names of the programs it compiled or loaded,
+    the persistent-cache hits among them (JAX logs a finished compilation for a hit too, and the hit),
+    and the seconds spent tracing, lowering and compiling. Turns jax_log_compiles on."""
+    import jax
+
+    compiles, hits, stages = [], [], {"trace": 0.0, "lower": 0.0, "compile": 0.0}
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            seconds = float(message.rsplit(" in ", 1)[1].split()[0]) if message.endswith(" sec") else 0.0
+            if "Finished XLA compilation" in message:
+                compiles.append(message.split(" of ")[1].split(" in ")[0])
+                stages["compile"] += seconds
+            elif "Finished tracing" in message:
+                stages["trace"] += seconds
+            elif "Finished jaxpr to MLIR" in message:
+                stages["lower"] += seconds
+            elif "Persistent compilation cache hit" in message:
+                hits.append(message)
+
+    logging.getLogger("jax").addHandler(Count())
+    jax.config.update("jax_log_compiles", True)
+    return compiles, hits, stages

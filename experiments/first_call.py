@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchtools import watch_compilations
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,24 +45,7 @@ def worker(case: dict) -> dict:
     import pauliprop as pp
 
     out = {"import_s": time.perf_counter() - t0}
-    compiles, hits, stages = [], [], {"trace": 0.0, "lower": 0.0, "compile": 0.0}
-
-    class Count(logging.Handler):  # JAX logs a finished compilation for a cache hit too, and the hit
-        def emit(self, record):
-            message = record.getMessage()
-            seconds = float(message.rsplit(" in ", 1)[1].split()[0]) if message.endswith(" sec") else 0.0
-            if "Finished XLA compilation" in message:
-                compiles.append(message.split(" of ")[1].split(" in ")[0])
-                stages["compile"] += seconds
-            elif "Finished tracing" in message:
-                stages["trace"] += seconds
-            elif "Finished jaxpr to MLIR" in message:
-                stages["lower"] += seconds
-            elif "Persistent compilation cache hit" in message:
-                hits.append(message)
-
-    logging.getLogger("jax").addHandler(Count())
-    jax.config.update("jax_log_compiles", True)
+    compiles, hits, stages = watch_compilations()
     n, gates = case["qubits"], case["gates"]
     rng = np.random.default_rng(0)
     circuit, k = pp.Circuit(n), 0

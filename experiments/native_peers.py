@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import re
@@ -97,6 +96,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from benchtools import watch_compilations
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -215,24 +216,7 @@ def worker_ours(case: dict) -> None:
            "backend": jax.default_backend(), "threads": f"XLA default ({os.cpu_count()} cores on the host)",
            "pauliprop_file": pp.__file__,
            "cache_dir": os.environ.get("PAULIPROP_CACHE_DIR")}
-    compiles, hits, stages = [], [], {"trace": 0.0, "lower": 0.0, "compile": 0.0}
-
-    class Count(logging.Handler):  # JAX logs a finished compilation for a cache hit too, and the hit
-        def emit(self, record):
-            message = record.getMessage()
-            seconds = float(message.rsplit(" in ", 1)[1].split()[0]) if message.endswith(" sec") else 0.0
-            if "Finished XLA compilation" in message:
-                compiles.append(message.split(" of ")[1].split(" in ")[0])
-                stages["compile"] += seconds
-            elif "Finished tracing" in message:
-                stages["trace"] += seconds
-            elif "Finished jaxpr to MLIR" in message:
-                stages["lower"] += seconds
-            elif "Persistent compilation cache hit" in message:
-                hits.append(message)
-
-    logging.getLogger("jax").addHandler(Count())
-    jax.config.update("jax_log_compiles", True)
+    compiles, hits, stages = watch_compilations()
 
     t0 = time.perf_counter()
     prob = problem(case)
