@@ -32,6 +32,7 @@ EMPTY = 2**31 - 1  # a free table slot (above every index: claims are a scatter-
 UNPAIRED = -2
 PENDING = -3
 NOT_TURNING = -4
+LOOKUP = -5  # fused.py: a turning word whose partner is the canonical member, to look up
 LOAD = 4  # the table part a pass uses holds LOAD slots a live word (2 ran slower on the CPU: 1.98 s against 1.55)
 
 
@@ -47,17 +48,33 @@ def _put(a, start, v):
     return lax.dynamic_update_slice_in_dim(a, v, start, axis=0)
 
 
-def _probe(words, partners):
-    """(first slot hash, step) of each pair {P, Q}: a hash of its canonical member (an odd step)."""
+def canonical(words, partners):
+    """(the canonical member of each pair {P, Q}: the one whose bit at G's lowest site is 0, whether P is it)."""
     lane, mask = pivot(words ^ partners)
     up = (jnp.take_along_axis(words, lane[:, None], axis=1)[:, 0] & mask) != 0
-    canon = jnp.where(up[:, None], partners, words)
+    return jnp.where(up[:, None], partners, words), ~up
+
+
+def _hash(canon):
+    """A 32-bit hash of packed words: a multiply-xorshift a lane, murmur's finaliser at the end."""
     h = jnp.full(canon.shape[0], 0x9E3779B9, jnp.uint32)
-    for lane in range(canon.shape[1]):  # a multiply-xorshift a lane, murmur's finaliser at the end
+    for lane in range(canon.shape[1]):
         h = (h ^ canon[:, lane]) * jnp.uint32(0x85EBCA6B)
         h = h ^ (h >> 15)
-    h1 = pauli_words.mix32(h)
+    return pauli_words.mix32(h)
+
+
+def _probe(words, partners):
+    """(first slot hash, step) of each pair {P, Q}: a hash of its canonical member (an odd step)."""
+    h1 = _hash(canonical(words, partners)[0])
     return h1, pauli_words.mix32(h1 ^ jnp.uint32(0x68E31DA4)) | jnp.uint32(1)
+
+
+def home(words, partners, mask):
+    """The slot of each pair's linear probe sequence (fused.py): its canonical member's hash under `mask`,
+    and whether P is that member."""
+    canon, is_canonical = canonical(words, partners)
+    return (_hash(canon) & mask).astype(jnp.int32), is_canonical
 
 
 def table_mask(n, table_size: int):

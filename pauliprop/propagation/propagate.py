@@ -571,6 +571,10 @@ GPU_TILE = 1 << 18
 GPU_CLIFFORD_TILE = 1 << 16
 SWEEP = 4  # GPUs: Clifford gates an iteration of a run's gate-by-gate map (kicked Ising on an H100: 8 compiled
 #            1.1 s longer for the same 0.060 s warm; 1: 0.084 s)
+# A pass's mix by the kernels of fused.py ("gpu"; "interpret": by Pallas's interpreter, for tests), or by XLA ("")
+FUSED = {"gpu": "gpu"}
+FUSED_TILE = 1 << 22  # the fused kernels' tiles: blocks past the live words return at once (one H200, 2026-11-28, warm
+#                       4x4 / 8x8 Ising: 0.186 / 0.778 s with 2^18, 0.140 / 0.535 s with 2^20, 0.138 / 0.467 s with 2^22)
 # the fewest slots a run's buffers have: small circuits of one shape share a program whatever their sizes
 MIN_CAPACITY = {"cpu": 1 << 12}
 GPU_MIN_CAPACITY = 1 << 16
@@ -623,10 +627,13 @@ def tiled_capacity(low: Lowered, terms: int, lanes: int, dtype, max_capacity: in
 
 def tiled_config(low: Lowered, truncation: Truncation, capacity: int, backend: str) -> tiled.Config:
     features = engine.features(low.units, low.schedule)
-    return tiled.Config(capacity=capacity, tile=min(capacity, TILE.get(backend, GPU_TILE)), rules=truncation.rules,
+    fused = FUSED.get(backend, "")
+    tile = TILE.get(backend, FUSED_TILE if fused else GPU_TILE)
+    return tiled.Config(capacity=capacity, tile=min(capacity, tile), rules=truncation.rules,
                         per=truncation.per, units=features["units"], clifford=features["clifford"],
                         unroll=map_unroll(backend, capacity), sweep=1 if backend == "cpu" else SWEEP,
-                        clifford_tile=0 if backend == "cpu" else min(capacity, GPU_CLIFFORD_TILE))
+                        clifford_tile=0 if backend == "cpu" else min(capacity, GPU_CLIFFORD_TILE),
+                        fused=fused)
 
 
 _WORKSPACE: dict = {}  # the last run's buffers, (capacity, lanes, dtype) -> tiled.Work: the next run's

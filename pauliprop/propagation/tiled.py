@@ -21,6 +21,9 @@ sees the layer's rotations in order and the per-term rules drop what they drop g
 word of weight w anticommutes with at most w of a layer's rotations, so a layer of 127 rotations
 under max_weight 8 is at most 8 passes.
 
+On GPUs (Config.fused) the pairing, the mix and the compaction of a pass are Pallas kernels
+(fused.py), a few launches a tile; the answer is the same.
+
 A unit whose appended words would not fit stops the loop before it writes anything (`need` > 0,
 with the unit and pass to resume at): the caller raises a MemoryError or grows the buffers.
 Every pass leaves the scratch buffers (the hash table, the dropped flags) as it found them, so a
@@ -40,7 +43,7 @@ from jax import lax
 from ..algebra import words as pauli_words
 from ..algebra.clifford import apply_map, popcount as popcount_numpy
 from ..runtime.prefix import count as _count, prefix_count
-from . import pairing, schedule
+from . import fused, pairing, schedule
 from .engine import element_image, word_overlaps
 from .merge import halves
 from .truncation import Limits, violations
@@ -52,10 +55,11 @@ class Work(NamedTuple):
     words: jax.Array  # (C, 2W) uint32: x lanes, then z lanes
     coeffs: jax.Array  # (C,)
     sins: jax.Array  # (C,) int32: the sine branches of each path (max_sins)
-    gone: jax.Array  # (C,) bool: dropped by the current unit, compacted at its end; all False between units
+    gone: jax.Array  # (C,) uint8: 1 where dropped by the current unit, compacted at its end; all 0 between units
+    #                  (bytes, not bools: the GPU's kernels (fused.py) store them)
     partner: jax.Array  # (C,) int32: a pass's pairing (pairing.py)
     rot: jax.Array  # (C,) int32: the rotation each word turns by in the pass
-    slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one
+    slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one (fused: its pair's home)
     table: jax.Array  # (2C,) int32: the pairing's hash table, all pairing.EMPTY between passes
 
 
@@ -71,6 +75,7 @@ class Config(NamedTuple):
     unroll: int = 1  # clifford.apply_map's bytes an iteration
     sweep: int = 1  # Clifford gates applied an iteration when a run goes gate by gate (GPUs: SWEEP in propagate.py)
     clifford_tile: int = 0  # the tiles of a Clifford run (each word mapped alone); 0: `tile`
+    fused: str = ""  # "gpu": a pass's mix by the kernels of fused.py; "interpret": the same by Pallas's interpreter
 
     @property
     def word_tile(self) -> int:
@@ -80,7 +85,7 @@ class Config(NamedTuple):
 def empty_work(capacity: int, lanes: int, dtype) -> Work:
     """Buffers for a run (zeros; the table EMPTY)."""
     return Work(jnp.zeros((capacity, 2 * lanes), jnp.uint32), jnp.zeros(capacity, dtype),
-                jnp.zeros(capacity, jnp.int32), jnp.zeros(capacity, bool), jnp.zeros(capacity, jnp.int32),
+                jnp.zeros(capacity, jnp.int32), jnp.zeros(capacity, jnp.uint8), jnp.zeros(capacity, jnp.int32),
                 jnp.zeros(capacity, jnp.int32), jnp.zeros(capacity, jnp.int32),
                 jnp.full(2 * capacity, pairing.EMPTY, jnp.int32))
 
@@ -105,6 +110,11 @@ def put(a, start, value):
     return lax.dynamic_update_slice_in_dim(a, value, start, axis=0)
 
 
+def gone_at(gone, start, tile: int):
+    """The tile's gone flags as bools."""
+    return take(gone, start, tile) != 0
+
+
 def _charges(limits: Limits, coeffs, weights, sins, candidate):
     """(keep mask, the 1-norm dropped per rule (weight, coefficient, sines)) of the candidates."""
     drop_w, drop_c, drop_s = violations(limits, coeffs, weights, sins)
@@ -127,18 +137,20 @@ def compact(work: Work, n, cfg: Config, any_gone=None):
     def body(start, carry):
         work, out = carry
         valid = start + jnp.arange(tile) < n
-        keep = valid & ~take(work.gone, start, tile)
+        keep = valid & ~gone_at(work.gone, start, tile)
         dest = jnp.where(keep, out + prefix_count(keep) - 1, cfg.capacity)
         w, c, s = lax.optimization_barrier((take(work.words, start, tile), take(work.coeffs, start, tile),
                                             take(work.sins, start, tile)))
-        work = work._replace(gone=put(work.gone, start, jnp.zeros(tile, bool)),
+        work = work._replace(gone=put(work.gone, start, jnp.zeros(tile, jnp.uint8)),
                              words=work.words.at[dest].set(w, mode="drop"),
                              coeffs=work.coeffs.at[dest].set(c, mode="drop"),
                              sins=work.sins.at[dest].set(s, mode="drop"))
         return work, out + _count(keep)
 
     if any_gone is None:
-        any_gone = over_tiles(n, tile, lambda s, c: c | jnp.any(take(work.gone, s, tile)), jnp.bool_(False))
+        any_gone = over_tiles(n, tile, lambda s, c: c | jnp.any(gone_at(work.gone, s, tile)), jnp.bool_(False))
+    if cfg.fused:
+        return fused.compact(work, n, cfg, any_gone)
     work, out = over_tiles(jnp.where(any_gone, n, 0), tile, body, (work, jnp.int32(0)))
     return work, jnp.where(any_gone, out, n)
 
@@ -153,8 +165,8 @@ def _tile_rules(work: Work, n, limits: Limits, cfg: Config, dropped):
         valid = start + jnp.arange(tile) < n
         w = take(work.words, start, tile)
         keep, charge = _charges(lim, take(work.coeffs, start, tile), _weight(w), take(work.sins, start, tile),
-                                valid & ~take(gone, start, tile))
-        return put(gone, start, take(gone, start, tile) | (valid & ~keep)), _with_charge(dropped, charge)
+                                valid & ~gone_at(gone, start, tile))
+        return put(gone, start, (gone_at(gone, start, tile) | (valid & ~keep)).astype(jnp.uint8)), _with_charge(dropped, charge)
 
     gone, dropped = over_tiles(n, tile, body, (work.gone, dropped))
     return work._replace(gone=gone), dropped
@@ -229,10 +241,10 @@ def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
                     c = gate(j, j < first + count, c)
                 return c
 
-            c = (take(work.words, start, tile), take(work.coeffs, start, tile), take(work.gone, start, tile), dropped)
+            c = (take(work.words, start, tile), take(work.coeffs, start, tile), gone_at(work.gone, start, tile), dropped)
             w, coeffs, gone, dropped = lax.fori_loop(0, (count + cfg.sweep - 1) // cfg.sweep, sweep, c)
             return work._replace(words=put(work.words, start, w), coeffs=put(work.coeffs, start, coeffs),
-                                 gone=put(work.gone, start, gone)), dropped
+                                 gone=put(work.gone, start, gone.astype(jnp.uint8))), dropped
 
         return over_tiles(jnp.where(T["u_dense"][u], 0, live), tile, body, (work, dropped))
 
@@ -379,8 +391,10 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
             t, rot, passes = turning_at(w, valid, s.step, layer)
             return t, rot, w ^ layer.gens[rot], passes
 
-        work, turning, most = pairing.pair(s.work, s.n, turn, cfg)
-        work, need, added, dropped, gone = _mix(work, s.n, layer, rules, s.dropped, turning, cfg)
+        work, turning, most = (fused.pair(s.work, s.n, s.step, layer, cfg) if cfg.fused else
+                               pairing.pair(s.work, s.n, turn, cfg))
+        work, need, added, dropped, gone = (fused.mix if cfg.fused else _mix)(work, s.n, layer, rules, s.dropped,
+                                                                              turning, cfg)
         work, n = compact(work, s.n + added, cfg, gone > 0)
         peak = jnp.maximum(s.peak, n)
         stepped = jnp.where(need > 0, s.step, s.step + 1)
@@ -427,7 +441,7 @@ def _mix(work: Work, n, layer: Layer, limits: Limits, dropped, turning, cfg: Con
         lead = t & (p >= 0) & (idx < p)  # the lower slot of a pair writes both
         q = jnp.where(lead, p, 0)
         cq, sq = work.coeffs[q], work.sins[q] if sins_on else s
-        was_gone = take(work.gone, start, tile)
+        was_gone = gone_at(work.gone, start, tile)
         c, s, cq, sq, slot, was_gone = lax.optimization_barrier((c, s, cq, sq, slot, was_gone))
         table = work.table.at[jnp.where(slot >= 0, slot, work.table.shape[0])].set(pairing.EMPTY, mode="drop")
         cos, sin = layer.cos[rot], layer.sin[rot]
@@ -449,7 +463,8 @@ def _mix(work: Work, n, layer: Layer, limits: Limits, dropped, turning, cfg: Con
         dest = jnp.where(keep_spawn, n + added + prefix_count(keep_spawn) - 1, cfg.capacity)
         coeffs = put(work.coeffs, start, jnp.where(mine_at, mine, c))
         coeffs = coeffs.at[at_q].set(theirs, mode="drop").at[dest].set(spawn, mode="drop")
-        gone = put(work.gone, start, was_gone | (mine_at & ~keep_mine)).at[at_q].set(~keep_theirs, mode="drop")
+        gone = put(work.gone, start, (was_gone | (mine_at & ~keep_mine)).astype(jnp.uint8)).at[at_q].set(
+            (~keep_theirs).astype(jnp.uint8), mode="drop")
         work = work._replace(coeffs=coeffs, gone=gone, table=table,
                              words=work.words.at[dest].set(w ^ g, mode="drop"))
         if sins_on:

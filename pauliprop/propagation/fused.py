@@ -1,0 +1,523 @@
+"""A rotation pass as GPU kernels (Pallas on Triton): a few launches a tile where XLA ran about sixty.
+
+XLA runs a pass of the tiled engine (pairing.pair, tiled._mix, tiled.compact) as some sixty kernels a
+tile: the pairing's rounds of scatter-min and gathers, the mix's gathers, scatters and sums, the
+compaction's prefix count and scatters, each reading its operands from memory and writing them back.
+On one H200 (2026-11-28, 2D Ising 4x4, tiles of 2^18 words) that was 380 ms of kernels, about 2.5 us
+each, where a tile's bytes move in a few microseconds. Here a pass over a tile is seven launches of
+programs of BLOCK words each:
+
+  insert   each word finds whether it turns in this pass and by which rotation (tiled.turning_at), and
+           its pair's home slot (the canonical member's hash, pairing.home); the canonical members go
+           into the table by linear probing with atomic exchanges: a word swaps itself into a slot and
+           carries on with what it displaced until it displaces nothing. Slots never empty again, so
+           every member stays reachable from its home along taken slots.
+  lookup   (once every tile's inserts are done) each other turning word walks its partner's probe
+           sequence to an empty slot; found, the two hold each other's slot, else it is UNPAIRED.
+  count, mix
+           the appended words each block keeps, then each pair mixed in place by its lower member, each
+           lone word scaled and its partner appended at the block's offset (a prefix sum of the counts
+           between the launches, so the appended words come in tiled._mix's order whatever order the
+           programs run in), the rules' drops marked gone and charged, the table cleared.
+  keep count, gather, place
+           the compaction: the staying words of each block gathered in order into staging buffers of a
+           tile, then placed at the front (in place, one launch's blocks would overwrite words that
+           others have yet to read).
+
+The answer is the XLA passes', word for word (tests/pauliprop/propagation/test_fused.py, by Pallas's
+interpreter; on a GPU to rounding, Triton contracting products into FMAs). No two lanes of a launch
+write one slot: a pair is written by its lower member alone, appended and placed words go to distinct
+slots. Lanes that write nothing point past the buffer (its capacity), where a GPU's masked store never
+goes and the interpreter's scatter drops the write. Blocks past the live words return at once, so a
+tile may be large (propagate.FUSED_TILE).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from . import pairing
+from .truncation import Limits, violations
+
+BLOCK = 1024  # words a program handles
+NUM_WARPS = 4
+
+
+def block(tile: int) -> int:
+    return min(BLOCK, tile)
+
+
+def _popcount(a):
+    """int32 set bits of uint32 words (Triton's popcount takes int32)."""
+    return lax.population_count(lax.bitcast_convert_type(a, jnp.int32))
+
+
+def _rules(rules: tuple, lim_i, lim_f) -> Limits:
+    """The limits inside a kernel from their refs: max_weight, max_sins in lim_i, min_abs_coeff in lim_f
+    (None where the rule is off)."""
+    max_weight, min_abs, _, max_sins = rules
+    return Limits(max_weight=lim_i[0] if max_weight else None, min_abs_coeff=lim_f[0] if min_abs else None,
+                  max_sins=lim_i[1] if max_sins else None)
+
+
+def _charged(limits: Limits, coeffs, weights, sins, candidate):
+    """(keep mask, 1-norm dropped by each rule (weight, coefficient, sines)) of the candidates."""
+    drop_w, drop_c, drop_s = violations(limits, coeffs, weights, sins)
+    mag = jnp.abs(coeffs)
+    charge = tuple(jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s))
+    return candidate & ~drop_w & ~drop_c & ~drop_s, charge
+
+
+def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, coeffs_in, sins_in, gone_in,
+            table_in, *outs, lanes: int, bw: int, rules: tuple, sins_on: bool, count_only: bool):
+    """One program: the words [start + pid bw, + bw) of the tile. scal = (start, n, fits, capacity,
+    the pass's table mask).
+    count_only: the appended words the block keeps, into counts[pid]; else the mix, with the block's
+    appended words from base[pid] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
+    if count_only:
+        (counts,) = outs
+    else:
+        words, coeffs, sins, gone, table, stats = outs
+        words_in, coeffs_in, sins_in = words, coeffs, sins  # the same buffers (aliased)
+    pid = pl.program_id(0)
+    start, n, fits, cap, table_mask = scal[0], scal[1], scal[2] != 0, scal[3], scal[4]
+    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+    sink = jnp.full(i.shape, cap, jnp.int32)
+
+    def run():
+        limits = _rules(rules, lim_i, lim_f)
+        p, r = partner[i], rot[i]
+        t = (i < n) & (p != pairing.NOT_TURNING)
+        lone = t & (p == pairing.UNPAIRED)
+        r = jnp.where(t, r, 0)
+        w = [words_in[i, k] for k in range(2 * lanes)]
+        g = [gens[r, k] for k in range(2 * lanes)]
+        x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
+        e = sum(_popcount(gx[k] & gz[k]) + _popcount(x[k] & z[k]) - _popcount((x[k] ^ gx[k]) & (z[k] ^ gz[k]))
+                + 2 * _popcount(gz[k] & x[k]) for k in range(lanes))
+        c = coeffs_in[i]
+        dtype = c.dtype
+        sgn = jnp.where(((e + 1) & 3) == 0, 1.0, -1.0).astype(dtype)  # i G P = sgn (P xor G)
+        s = sins_in[i]
+        weight_p = sum(_popcount(x[k] | z[k]) for k in range(lanes))
+        weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
+        cs, sn = cos[r].astype(dtype), sin[r].astype(dtype)
+        spawn = sn * sgn * c
+        keep_spawn, charge_spawn = _charged(limits, spawn, weight_q, s + 1, lone)
+        if count_only:
+            counts[pid] = jnp.sum(keep_spawn.astype(jnp.int32))
+            return
+        # the table cleared whether the pass fits or not: the part a pass over n words uses is at most 2 LOAD n
+        # slots, so each program clears 2 LOAD of them a word of its own
+        empty = jnp.full(i.shape, pairing.EMPTY, jnp.int32)
+        for k in range(2 * pairing.LOAD):
+            at = 2 * pairing.LOAD * (start + pid * bw) + k * bw + jnp.arange(bw, dtype=jnp.int32)
+            plgpu.store(table.at[jnp.where(at <= table_mask, at, table_in.shape[0])], empty, mask=at <= table_mask)
+        lead = t & (p >= 0) & (i < p)  # the lower slot of a pair writes both
+        q = jnp.where(lead, p, cap)
+        cq = plgpu.load(coeffs_in.at[q], mask=lead, other=0)
+        sq = plgpu.load(sins_in.at[q], mask=lead, other=0) if sins_on else s
+        mine = jnp.where(lead, cs * c - sn * sgn * cq, cs * c)  # i G Q = -sgn P for the partner Q of P
+        theirs = cs * cq + sn * sgn * c
+        my_sins = jnp.where(lead, jnp.minimum(s, sq + 1), s)
+        their_sins = jnp.minimum(sq, s + 1)
+        keep_mine, charge_mine = _charged(limits, mine, weight_p, my_sins, lead | lone)
+        keep_theirs, charge_theirs = _charged(limits, theirs, weight_q, their_sins, lead)
+        for k in range(3):
+            stats[pid, k] = (charge_mine[k] + charge_theirs[k] + charge_spawn[k]).astype(stats.dtype)
+        mine_at = (lead | lone) & fits
+        lead = lead & fits
+        keep_spawn = keep_spawn & fits
+        drop_mine = mine_at & ~keep_mine
+        drop_theirs = lead & ~keep_theirs
+        stats[pid, 3] = (jnp.sum(drop_mine.astype(jnp.int32)) + jnp.sum(drop_theirs.astype(jnp.int32))).astype(stats.dtype)
+        dest = jnp.where(keep_spawn, base[pid] + jnp.cumsum(keep_spawn.astype(jnp.int32)) - 1, cap)
+        mine_i = jnp.where(mine_at, i, sink)
+        plgpu.store(coeffs.at[mine_i], mine, mask=mine_at)
+        plgpu.store(coeffs.at[q], theirs, mask=lead)
+        plgpu.store(coeffs.at[dest], spawn, mask=keep_spawn)
+        one = jnp.ones(i.shape, jnp.uint8)
+        plgpu.store(gone.at[jnp.where(drop_mine, i, sink)], one, mask=drop_mine)
+        plgpu.store(gone.at[jnp.where(drop_theirs, q, sink)], one, mask=drop_theirs)
+        for k in range(2 * lanes):
+            plgpu.store(words.at[dest, k], w[k] ^ g[k], mask=keep_spawn)
+        if sins_on:
+            plgpu.store(sins.at[mine_i], my_sins, mask=mine_at)
+            plgpu.store(sins.at[q], their_sins, mask=lead)
+            plgpu.store(sins.at[dest], s + 1, mask=keep_spawn)
+
+    pl.when(start + pid * bw < n)(run)
+
+    def idle():  # a block past the live words
+        if count_only:
+            counts[pid] = jnp.int32(0)
+        else:
+            for k in range(4):
+                stats[pid, k] = jnp.zeros((), stats.dtype)
+
+    pl.when(start + pid * bw >= n)(idle)
+
+
+def _launch(work, start, n, fits, mask, base, layer, limits: Limits, cfg, count_only: bool):
+    tile, lanes = cfg.tile, work.words.shape[1] // 2
+    bw = block(tile)
+    grid = (tile // bw,)
+    cap = work.coeffs.shape[0]
+    scal = _scalars(start, n, fits, cap, mask)
+    lim_i = jnp.stack([jnp.asarray(limits.max_weight if limits.max_weight is not None else 0, jnp.int32),
+                       jnp.asarray(limits.max_sins if limits.max_sins is not None else 0, jnp.int32)])
+    lim_f = jnp.asarray(limits.min_abs_coeff if limits.min_abs_coeff is not None else 0, work.coeffs.dtype)[None]
+    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules[3], count_only=count_only)
+    args = (scal, lim_i, lim_f, layer.gens, layer.cos, layer.sin, base, work.partner, work.rot, work.words, work.coeffs, work.sins, work.gone, work.table)
+    interpret, params = _mode(cfg)
+    if count_only:
+        return pl.pallas_call(kernel, grid=grid, out_shape=jax.ShapeDtypeStruct(grid, jnp.int32),
+                              compiler_params=params, interpret=interpret)(*args)
+    first = len(args) - 5
+    outs = (work.words, work.coeffs, work.sins, work.gone, work.table)
+    out_shape = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
+        jax.ShapeDtypeStruct(grid + (4,), work.coeffs.dtype),)
+    words, coeffs, sins, gone, table, stats = pl.pallas_call(
+        kernel, grid=grid, out_shape=out_shape, input_output_aliases={first + k: k for k in range(5)},
+        compiler_params=params, interpret=interpret)(*args)
+    return work._replace(words=words, coeffs=coeffs, sins=sins, gone=gone, table=table), stats
+
+
+def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
+    """tiled._mix by kernels, after `pair`: the same arguments and results (work, slots needed (0: it
+    fitted), words appended, dropped, words marked gone); the table is left empty."""
+    need = n + turning
+    fits = need <= cfg.capacity
+    mask = pairing.table_mask(n, work.table.shape[0])
+    nothing = jnp.zeros(cfg.tile // block(cfg.tile), jnp.int32)
+
+    def body(i, carry):
+        work, added, dropped, gone_count = carry
+        start = i * cfg.tile
+        counts = _launch(work, start, n, fits, mask, nothing, layer, limits, cfg, count_only=True)
+        base = (n + added + jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32)
+        work, stats = _launch(work, start, n, fits, mask, base, layer, limits, cfg, count_only=False)
+        total = jnp.sum(stats, axis=0)
+        dropped = dropped.at[:3].add(jnp.where(fits, total[:3], 0).astype(dropped.dtype))
+        added = added + jnp.where(fits, jnp.sum(counts, dtype=jnp.int32), 0)
+        return work, added, dropped, gone_count + total[3].astype(jnp.int32)
+
+    tiles = (n + cfg.tile - 1) // cfg.tile
+    work, added, dropped, gone = lax.fori_loop(0, tiles, body, (work, jnp.int32(0), dropped, jnp.int32(0)))
+    return work, jnp.where(fits, 0, need), added, dropped, gone
+
+
+def _scalars(*xs):
+    return jnp.stack([jnp.asarray(x).astype(jnp.int32) for x in xs])
+
+
+def _mode(cfg):
+    interpret = cfg.fused == "interpret"
+    return interpret, None if interpret else plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+
+
+# ---- the pairing ----------------------------------------------------------------------------------------
+
+def _any(mask):
+    return jnp.max(mask.astype(jnp.int32)) > 0
+
+
+def _nth_set_bit(rows, j):
+    """words.nth_set_bit on the lanes (a list of (bw,) uint32): (position, found)."""
+    counts = [_popcount(r) for r in rows]
+    lane, before, upto = (jnp.zeros(j.shape, jnp.int32),) * 3
+    for k in range(1, len(rows)):
+        upto = upto + counts[k - 1]
+        past = upto <= j
+        lane, before = jnp.where(past, k, lane), jnp.where(past, upto, before)
+    rank = j - before
+    word = rows[0]
+    for k in range(1, len(rows)):
+        word = jnp.where(lane == k, rows[k], word)
+    pos = jnp.zeros_like(rank)
+    for width in (16, 8, 4, 2, 1):
+        low = _popcount(word & jnp.uint32((1 << width) - 1))
+        up = rank >= low
+        rank, word, pos = jnp.where(up, rank - low, rank), jnp.where(up, word >> width, word), pos + up * width
+    return lane * 32 + pos, sum(counts) > j
+
+
+def _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens, lanes: int):
+    """tiled.turning_at and pairing.home on lanes: (turning, rotation, partner lanes, passes, canonical,
+    canonical lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: the layer's refs."""
+    x, z = w[:lanes], w[lanes:]
+    meets = [(x[k] & gz[k]) ^ (z[k] & gx[k]) for k in range(lanes)]
+
+    def folded(m):  # the GF(2) map to each generator's lowest qubit, by byte tables
+        out = [jnp.zeros_like(m[0]) for _ in range(lanes)]
+        for c in range(4 * lanes):
+            byte = ((m[c // 4] >> jnp.uint32(8 * (c % 4))) & jnp.uint32(0xFF)).astype(jnp.int32)
+            out = [out[k] ^ fold[c, byte, k] for k in range(lanes)]
+        return out
+
+    bits = lax.cond(single, lambda m: list(m), folded, meets)
+    passes = sum(_popcount(b) for b in bits)
+    nth = jnp.where(down, passes - 1 - step, step)
+    at, has = _nth_set_bit(bits, jnp.maximum(nth, 0))
+    rot = rotation_at[jnp.minimum(at, 32 * lanes - 1)]
+    turning = valid & has & (nth >= 0)
+    rot = jnp.where(turning, rot, 0)
+    g = [gens[rot, k] for k in range(2 * lanes)]
+    # the pivot: the lowest site of G; P is canonical where its bit there is 0
+    site = [g[k] | g[lanes + k] for k in range(lanes)]
+    up, found = jnp.zeros(rot.shape, bool), jnp.zeros(rot.shape, bool)
+    for k in range(lanes):
+        low = site[k] & (~site[k] + jnp.uint32(1))
+        here = ~found & (site[k] != 0)
+        in_x = (g[k] & low) != 0
+        bit = jnp.where(in_x, x[k], z[k]) & low
+        up = jnp.where(here, bit != 0, up)
+        found = found | here
+    partners = [w[k] ^ g[k] for k in range(2 * lanes)]
+    canon = [jnp.where(up, partners[k], w[k]) for k in range(2 * lanes)]
+    return turning, rot, passes, ~up, canon
+
+
+def _hash(canon):
+    """pairing._hash on lanes."""
+    h = jnp.full(canon[0].shape, 0x9E3779B9, jnp.uint32)
+    for lane in canon:
+        h = (h ^ lane) * jnp.uint32(0x85EBCA6B)
+        h = h ^ (h >> 15)
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot_in, slot_in, table_in, partner, rot,
+                   slot, table, stats, *, lanes: int, bw: int, interpret: bool):
+    """A tile's pairing, first half: each word of the program's block finds whether it turns in this pass
+    and by which rotation (tiled.turning_at), its pair's home (pairing.home), and is marked UNPAIRED
+    (canonical), LOOKUP or NOT_TURNING; the canonical members go into the table from their homes on by
+    linear probing: a word swaps itself into a slot and carries on with what it displaced, until it
+    displaces nothing (slots never empty again, so every member stays reachable from its home).
+    scal = (start, n, table mask, pass, single, down); stats[pid] = (turning words, most passes)."""
+    del partner_in, rot_in, slot_in, table_in
+    pid = pl.program_id(0)
+    start, n, mask, step, single, down = scal[0], scal[1], scal[2], scal[3], scal[4] != 0, scal[5] != 0
+    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+
+    def run():
+        valid = i < n
+        w = [words[i, k] for k in range(2 * lanes)]
+        turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens,
+                                                             lanes)
+        home = (_hash(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
+        marker = jnp.where(turning, jnp.where(is_canonical, pairing.UNPAIRED, pairing.LOOKUP), pairing.NOT_TURNING)
+        partner[i] = marker
+        rot[i] = r
+        slot[i] = home
+        stats[pid, 0] = jnp.sum(turning.astype(jnp.int32))
+        stats[pid, 1] = jnp.max(jnp.where(valid, passes, 0))
+        inserting = turning & is_canonical
+        if interpret:  # one lane after the other: the GPU's exchanges in one of their orders
+            def lane(j, _):
+                k = start + pid * bw + j
+
+                def swap(c):
+                    carry, s, _ = c
+                    old = table[s]
+                    table[s] = carry
+                    return old, (s + 1) & mask, old != pairing.EMPTY
+
+                lax.while_loop(lambda c: c[2], swap, (k, slot[k], partner[k] == pairing.UNPAIRED))
+                return 0
+
+            lax.fori_loop(0, bw, lane, 0)
+            return
+
+        def swap(c):
+            active, carry, s = c
+            old = plgpu.atomic_xchg(table, (s,), carry, mask=active)
+            active = active & (old != pairing.EMPTY)
+            return active, jnp.where(active, old, carry), (s + 1) & mask
+
+        lax.while_loop(lambda c: _any(c[0]), swap, (inserting, i, home))
+
+    pl.when(start + pid * bw < n)(run)
+
+    def idle():
+        stats[pid, 0] = jnp.int32(0)
+        stats[pid, 1] = jnp.int32(0)
+    pl.when(start + pid * bw >= n)(idle)
+
+
+def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, lanes: int, bw: int):
+    """Each LOOKUP word of the program finds its partner (P xor G, a canonical member) along the partner's
+    probe sequence, up to an empty slot; both then hold each other's slot, else it is UNPAIRED.
+    scal = (start, table mask, capacity, n)."""
+    del partner_in
+    pid = pl.program_id(0)
+    start, mask, cap, n = scal[0], scal[1], scal[2], scal[3]
+    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+
+    def run():
+        look = (i < n) & (partner[i] == pairing.LOOKUP)
+        r = jnp.where(look, rot[i], 0)
+        target = [words[i, k] ^ gens[r, k] for k in range(2 * lanes)]
+
+        def step(c):
+            active, s, found = c
+            h = plgpu.load(table.at[s], mask=active, other=pairing.EMPTY)
+            hit = active & (h != pairing.EMPTY)
+            at = jnp.where(hit, h, 0)
+            same = hit
+            for k in range(2 * lanes):
+                same = same & (plgpu.load(words.at[at, k], mask=hit, other=0) == target[k])
+            return hit & ~same, (s + 1) & mask, jnp.where(same, h, found)
+
+        _, _, found = lax.while_loop(lambda c: _any(c[0]), step,
+                                     (look, slot[i], jnp.full(i.shape, pairing.UNPAIRED, jnp.int32)))
+        plgpu.store(partner.at[jnp.where(look, i, cap)], found, mask=look)
+        paired = found >= 0
+        plgpu.store(partner.at[jnp.where(paired, found, cap)], i, mask=paired)
+
+    pl.when(start + pid * bw < n)(run)
+
+
+def pair(work, n, step, layer, cfg):
+    """pairing.pair by kernels, for pass `step` of a layer (tiled.Layer): the same results (work with
+    partner, rot filled, the turning words, the most passes any word takes); `slot` holds each word's
+    home instead of its claim, and the table its pairs' canonical members until `mix` clears it. Two
+    loops of kernels over the tiles: the turning words and the inserts, then (every insert done) the
+    lookups."""
+    tile, bw = cfg.tile, block(cfg.tile)
+    grid = (tile // bw,)
+    mask = pairing.table_mask(n, work.table.shape[0])
+    interpret, params = _mode(cfg)
+    lanes = work.words.shape[1] // 2
+    (fold,) = layer.fold
+
+    def first(start, carry):
+        work, turning, most = carry
+        outs = (work.partner, work.rot, work.slot, work.table)
+        partner, rot, slot, table, stats = pl.pallas_call(
+            partial(_insert_kernel, lanes=lanes, bw=bw, interpret=interpret), grid=grid,
+            out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
+                jax.ShapeDtypeStruct(grid + (2,), jnp.int32),),
+            input_output_aliases={7 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
+            _scalars(start, n, mask, step, layer.single, layer.down), layer.gx, layer.gz, fold, layer.rotation_at,
+            layer.gens, work.words, *outs)
+        work = work._replace(partner=partner, rot=rot, slot=slot, table=table)
+        return work, turning + jnp.sum(stats[:, 0], dtype=jnp.int32), jnp.maximum(most, jnp.max(stats[:, 1]))
+
+    def second(start, work):
+        partner = pl.pallas_call(partial(_lookup_kernel, lanes=lanes, bw=bw), grid=grid,
+                                 out_shape=jax.ShapeDtypeStruct(work.partner.shape, work.partner.dtype),
+                                 input_output_aliases={6: 0}, compiler_params=params, interpret=interpret)(
+            _scalars(start, mask, work.partner.shape[0], n), layer.gens, work.rot, work.slot, work.words, work.table,
+            work.partner)
+        return work._replace(partner=partner)
+
+    tiles = (n + tile - 1) // tile
+    work, turning, most = lax.fori_loop(0, tiles, lambda k, c: first(k * tile, c), (work, jnp.int32(0), jnp.int32(0)))
+    work = lax.fori_loop(0, tiles, lambda k, w: second(k * tile, w), work)
+    return work, turning, most
+
+
+# ---- the compaction -----------------------------------------------------------------------------------
+
+def _keep_count_kernel(scal, gone, counts, *, bw: int):
+    """counts[pid]: the words of the program's block that stay (live, not gone). scal = (start, n)."""
+    pid = pl.program_id(0)
+
+    def run():
+        i = scal[0] + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+        counts[pid] = jnp.sum(((i < scal[1]) & (gone[i] == 0)).astype(jnp.int32))
+
+    pl.when(scal[0] + pid * bw < scal[1])(run)
+
+    def idle():
+        counts[pid] = jnp.int32(0)
+    pl.when(scal[0] + pid * bw >= scal[1])(idle)
+
+
+def _gather_kernel(scal, base, words, coeffs, sins, gone_in, kept_words, kept_coeffs, kept_sins, gone, *, lanes: int,
+                   bw: int, sins_on: bool):
+    """The block's staying words into the tile's staging buffers from base[pid] on, in order; the block's
+    gone flags cleared. scal = (start, n, tile)."""
+    del gone_in
+    pid = pl.program_id(0)
+
+    def run():
+        i = scal[0] + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+        keep = (i < scal[1]) & (gone[i] == 0)
+        d = jnp.where(keep, base[pid] + jnp.cumsum(keep.astype(jnp.int32)) - 1, scal[2])
+        for k in range(2 * lanes):
+            plgpu.store(kept_words.at[d, k], words[i, k], mask=keep)
+        plgpu.store(kept_coeffs.at[d], coeffs[i], mask=keep)
+        if sins_on:
+            plgpu.store(kept_sins.at[d], sins[i], mask=keep)
+        gone[i] = jnp.zeros(i.shape, jnp.uint8)
+
+    pl.when(scal[0] + pid * bw < scal[1])(run)
+
+
+def _place_kernel(scal, kept_words, kept_coeffs, kept_sins, words_in, coeffs_in, sins_in, words, coeffs, sins, *,
+                  lanes: int, bw: int, sins_on: bool):
+    """The staged words to [out, out + kept) of the buffers. scal = (out, kept, capacity)."""
+    del words_in, coeffs_in, sins_in
+    first = pl.program_id(0) * bw
+    j = first + jnp.arange(bw, dtype=jnp.int32)
+
+    def run():
+        ok = j < scal[1]
+        d = jnp.where(ok, scal[0] + j, scal[2])
+        at = jnp.where(ok, j, 0)
+        for k in range(2 * lanes):
+            plgpu.store(words.at[d, k], plgpu.load(kept_words.at[at, k], mask=ok, other=0), mask=ok)
+        plgpu.store(coeffs.at[d], plgpu.load(kept_coeffs.at[at], mask=ok, other=0), mask=ok)
+        if sins_on:
+            plgpu.store(sins.at[d], plgpu.load(kept_sins.at[at], mask=ok, other=0), mask=ok)
+
+    pl.when(first < scal[1])(run)
+
+
+def compact(work, n, cfg, any_gone):
+    """tiled.compact by kernels (any_gone given): remove the gone words of [0, n) in order, clear `gone`;
+    (work, the new n). A tile's staying words are gathered into staging buffers (count, prefix sum,
+    gather), then placed at the front: in place, the blocks of one launch would overwrite words that
+    other blocks have yet to read."""
+    tile, bw = cfg.tile, block(cfg.tile)
+    grid = (tile // bw,)
+    lanes = work.words.shape[1] // 2
+    cap = work.coeffs.shape[0]
+    sins_on = cfg.rules[3]
+    interpret, params = _mode(cfg)
+    call = partial(pl.pallas_call, grid=grid, compiler_params=params, interpret=interpret)
+    shape = lambda a, rows=None: jax.ShapeDtypeStruct((rows or a.shape[0],) + a.shape[1:], a.dtype)
+
+    def body(k, carry):
+        work, out = carry
+        start = k * tile
+        counts = call(partial(_keep_count_kernel, bw=bw), out_shape=jax.ShapeDtypeStruct(grid, jnp.int32))(
+            _scalars(start, n), work.gone)
+        base = (jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32)
+        kept_words, kept_coeffs, kept_sins, gone = call(
+            partial(_gather_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
+            out_shape=(shape(work.words, tile), shape(work.coeffs, tile), shape(work.sins, tile), shape(work.gone)),
+            input_output_aliases={5: 3})(_scalars(start, n, tile), base, work.words, work.coeffs, work.sins, work.gone)
+        kept = jnp.sum(counts, dtype=jnp.int32)
+        words, coeffs, sins = call(
+            partial(_place_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
+            out_shape=(shape(work.words), shape(work.coeffs), shape(work.sins)),
+            input_output_aliases={4: 0, 5: 1, 6: 2})(_scalars(out, kept, cap), kept_words, kept_coeffs, kept_sins,
+                                                     work.words, work.coeffs, work.sins)
+        return work._replace(words=words, coeffs=coeffs, sins=sins, gone=gone), out + kept
+
+    tiles = jnp.where(any_gone, (n + tile - 1) // tile, 0)
+    work, out = lax.fori_loop(0, tiles, body, (work, jnp.int32(0)))
+    return work, jnp.where(any_gone, out, n)

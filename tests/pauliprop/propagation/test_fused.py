@@ -1,0 +1,96 @@
+"""The GPU's kernels of a rotation pass (pauliprop/propagation/fused.py), run by Pallas's interpreter.
+
+Properties: the tiled engine with the kernels gives the XLA passes' answer word for word (value,
+dropped 1-norm per rule, peak terms) on layered circuits of one to four lanes under every rule, with
+blocks and tiles small enough that pairs and appended words cross them; untruncated it equals the
+state vector; the pairing by linear probing pairs every turning word with its partner even in a
+half-full table; a run leaves the table empty and no word gone, fit for the next run. On a GPU the
+same kernels are compiled by Triton (experiments/native_peers.py checks their values there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pauliprop as pp
+from pauliprop.propagation import fused, pairing, propagate as prop
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """The fused kernels by the interpreter on this CPU, in blocks of 64 words and tiles of 256."""
+    monkeypatch.setitem(prop.FUSED, "cpu", "interpret")
+    monkeypatch.setitem(prop.TILE, "cpu", 256)
+    monkeypatch.setattr(fused, "BLOCK", 64)
+    return monkeypatch
+
+
+def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, np.ndarray]:
+    """Layers of one- and two-qubit rotations on disjoint qubits in shuffled orders (a layer's passes,
+    its generators folded), a three-qubit rotation and Cliffords between them."""
+    c, k = pp.Circuit(n), 0
+    for _ in range(layers):
+        perm = rng.permutation(n)
+        for i in range(0, n - 1, 2):
+            c.rzz(int(perm[i]), int(perm[i + 1]), pp.Param(k))
+            k += 1
+        for q in rng.permutation(n):
+            c.rx(int(q), pp.Param(k)).rz(int(q), pp.Param(k + 1))
+            k += 2
+        c.pauli_rotation("XYZ", [1, n - 2, n // 2], pp.Param(k)).cx(0, n - 1).h(n // 3)
+        k += 1
+    return c, rng.uniform(-1.2, 1.2, size=k)
+
+
+def _observable(n: int, rng) -> pp.PauliSum:
+    terms = [("ZZ", [n // 2, n // 2 + 1], 1.0), ("XY", [0, n - 1], 0.5), ("Z", [int(rng.integers(n))], -0.25)]
+    return pp.PauliSum.from_list(terms, n)
+
+
+def _run(c, h, params, truncation):
+    val, stats = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    return float(val), np.asarray(stats.dropped_norm), int(stats.max_terms_seen)
+
+
+@pytest.mark.parametrize("n, layers, truncation", [
+    (8, 3, pp.Truncation(min_abs_coeff=2e-3)),
+    (40, 2, pp.Truncation(min_abs_coeff=3e-3, max_weight=6)),
+    (70, 2, pp.Truncation(min_abs_coeff=3e-4, max_sins=6)),
+    (127, 2, pp.Truncation(min_abs_coeff=5e-3, max_weight=7, per="layer")),
+])
+def test_kernels_give_the_xla_passes_answer(kernels, n, layers, truncation):
+    rng = np.random.default_rng(n)
+    c, params = _layered(n, layers, rng)
+    h = _observable(n, rng)
+    kernels.setitem(prop.FUSED, "cpu", "")
+    want = _run(c, h, params, truncation)
+    kernels.setitem(prop.FUSED, "cpu", "interpret")
+    got = _run(c, h, params, truncation)
+    assert want[2] > 256  # the terms spread over several tiles
+    assert got[0] == want[0] and got[2] == want[2]
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-15)  # summed by block, not by tile
+
+
+def test_untruncated_kernels_equal_the_statevector(kernels):
+    rng = np.random.default_rng(2)
+    c, params = _layered(7, 3, rng)
+    h = _observable(7, rng)
+    exact = float(pp.expectation(c, h, params, method="statevector"))
+    assert abs(float(pp.expectation(c, h, params)) - exact) < 1e-10
+    work = next(iter(prop._WORKSPACE.values()))
+    assert bool(np.all(np.asarray(work.table) == pairing.EMPTY)) and not bool(np.any(np.asarray(work.gone)))
+
+
+def test_pairing_in_a_half_full_table(kernels):
+    """Linear probing with long runs of taken slots (the table part twice the words, not four times):
+    every pair still meets, so the answer is unchanged."""
+    rng = np.random.default_rng(4)
+    c, params = _layered(10, 3, rng)
+    h = _observable(10, rng)
+    truncation = pp.Truncation(min_abs_coeff=1e-3)
+    kernels.setattr(pairing, "LOAD", 2)
+    got = _run(c, h, params, truncation)
+    kernels.setitem(prop.FUSED, "cpu", "")
+    want = _run(c, h, params, truncation)
+    assert got[0] == want[0] and got[2] == want[2]
