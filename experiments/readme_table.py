@@ -39,7 +39,7 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "native_peers_h100_2026-11-28.json"  # ours on the GPU, the native peers on the host's 16 cores
+    f = "native_peers_h200_2026-11-28_fused.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))
@@ -54,9 +54,10 @@ def rows() -> list[list[str]]:
                        ("2D Ising L=8", "2D Ising 8x8 (5.5M terms), warm")):
         name, peer = faster(case, "warm_call_s")
         out.append(_row(what, d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
-    name, peer = faster("2D Ising L=4", "first_call_s")
-    out.append(_row("2D Ising 4x4, first call in a fresh process, empty compilation cache", d,
-                    rec("ours", "2D Ising L=4", "empty cache")["first_call_s"], name, peer, [f]))
+    for case, what in (("2D Ising L=4", "2D Ising 4x4"), ("2D Ising L=8", "2D Ising 8x8")):
+        name, peer = faster(case, "first_call_s")
+        out.append(_row(f"{what}, first call in a fresh process, empty compilation cache", d,
+                        rec("ours", case, "empty cache")["first_call_s"], name, peer, [f]))
     f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)
     ours, peer, runs = d["ours"], d["cupauliprop"], d["fresh_runs"]
