@@ -19,6 +19,8 @@ programs of BLOCK words each:
            lone word scaled and its partner appended at the block's offset (a prefix sum of the counts
            between the launches, so the appended words come in tiled._mix's order whatever order the
            programs run in), the rules' drops marked gone and charged, the table cleared.
+  clifford (a unit of its own) each word through a Clifford run's gates one after the other in
+           registers, the weight rule after every gate (where XLA ran a few kernels a gate).
   keep count, gather, place
            the compaction: the staying words of each block gathered in order into staging buffers of a
            tile, then placed at the front (in place, one launch's blocks would overwrite words that
@@ -42,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from . import pairing
+from . import pairing, schedule
 from .truncation import Limits, violations
 
 BLOCK = 1024  # words a program handles
@@ -521,3 +523,119 @@ def compact(work, n, cfg, any_gone):
     tiles = jnp.where(any_gone, (n + tile - 1) // tile, 0)
     work, out = lax.fori_loop(0, tiles, body, (work, jnp.int32(0)))
     return work, jnp.where(any_gone, out, n)
+
+
+# ---- a Clifford run, gate by gate -----------------------------------------------------------------------
+
+def _clifford_kernel(scal, lim_i, kinds, qubits, images, signs, gens_x, gens_z, turns, words_in, coeffs_in, gone_in,
+                     words, coeffs, gone, stats, *, lanes: int, bw: int, forms: tuple, weight_rule: bool):
+    """The program's words through gates [first, first + count) of the run, one after the other in
+    registers (engine.element_image), the weight rule after each gate that moves a word when
+    `weight_rule`; stats[pid] the 1-norm it dropped. scal = (start, live, first, count, last gate)."""
+    del words_in, coeffs_in, gone_in
+    pid = pl.program_id(0)
+    start, live, first, count, last = scal[0], scal[1], scal[2], scal[3], scal[4]
+    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+
+    def run():
+        valid = i < live
+        w = [words[i, k] for k in range(2 * lanes)]
+        c = coeffs[i]
+        out = gone[i] != 0
+
+        def site(q, k):  # qubit q's bit in lane k (0 elsewhere)
+            return jnp.where(q // 32 == k, jnp.uint32(1) << (q % 32).astype(jnp.uint32), jnp.uint32(0))
+
+        def gate(g, carry):
+            w, c, out, charge = carry
+            j = jnp.minimum(first + g, last)
+            x, z = w[:lanes], w[lanes:]
+            results = []
+            if forms[1]:  # a table on qubits (a, b)
+                a, b = qubits[j, 0], qubits[j, 1]
+                ma, mb = [site(a, k) for k in range(lanes)], [site(b, k) for k in range(lanes)]
+                has = lambda v, m: _or_all([(v[k] & m[k]) != 0 for k in range(lanes)]).astype(jnp.int32)
+                code = has(x, ma) | has(z, ma) << 1 | has(x, mb) << 2 | has(z, mb) << 3
+                img = images[j, code].astype(jnp.uint32)
+                bit = lambda s, m: jnp.where(((img >> s) & 1) != 0, m, jnp.uint32(0))
+                tx = [(x[k] & ~(ma[k] | mb[k])) | bit(0, ma[k]) | bit(2, mb[k]) for k in range(lanes)]
+                tz = [(z[k] & ~(ma[k] | mb[k])) | bit(1, ma[k]) | bit(3, mb[k]) for k in range(lanes)]
+                sign = jnp.where(signs[j, code] < 0, -1.0, 1.0)
+                results.append((tx + tz, sign, code != 0))
+            if forms[2]:  # a quarter turn of a generator
+                gx, gz = [gens_x[j, k] for k in range(lanes)], [gens_z[j, k] for k in range(lanes)]
+                ac = (sum(_popcount((x[k] & gz[k]) ^ (z[k] & gx[k])) for k in range(lanes)) & 1) == 1
+                e = sum(_popcount(gx[k] & gz[k]) + _popcount(x[k] & z[k]) - _popcount((x[k] ^ gx[k]) & (z[k] ^ gz[k]))
+                        + 2 * _popcount(gz[k] & x[k]) for k in range(lanes))
+                ps = jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
+                t = turns[j] % 4
+                odd = (t % 2) == 1
+                sign = jnp.where(ac, jnp.where(odd, jnp.where(t == 1, 1.0, -1.0) * ps, -1.0), 1.0)
+                flip = ac & odd
+                g_all = gx + gz
+                results.append(([jnp.where(flip, w[k] ^ g_all[k], w[k]) for k in range(2 * lanes)], sign, ac))
+            if len(results) == 1:
+                nw, sign, moved = results[0]
+            else:
+                table = kinds[j] == schedule.TABLE
+                (tw, ts, tm), (gw, gs, gm) = results
+                nw = [jnp.where(table, tw[k], gw[k]) for k in range(2 * lanes)]
+                sign, moved = jnp.where(table, ts, gs), jnp.where(table, tm, gm)
+            moved = moved & valid & ~out
+            w = [jnp.where(moved, nw[k], w[k]) for k in range(2 * lanes)]
+            c = jnp.where(moved, c * sign.astype(c.dtype), c)
+            if weight_rule:
+                heavy = moved & (sum(_popcount(w[k] | w[lanes + k]) for k in range(lanes)) > lim_i[0])
+                charge = charge + jnp.sum(jnp.where(heavy, jnp.abs(c), 0))
+                out = out | heavy
+            return w, c, out, charge
+
+        w, c, out, charge = lax.fori_loop(0, count, gate, (w, c, out, jnp.zeros((), c.dtype)))
+        for k in range(2 * lanes):
+            plgpu.store(words.at[jnp.where(valid, i, scal[5]), k], w[k], mask=valid)
+        plgpu.store(coeffs.at[jnp.where(valid, i, scal[5])], c, mask=valid)
+        plgpu.store(gone.at[jnp.where(valid, i, scal[5])], out.astype(jnp.uint8), mask=valid)
+        stats[pid] = charge.astype(stats.dtype)
+
+    pl.when(start + pid * bw < live)(run)
+
+    def idle():
+        stats[pid] = jnp.zeros((), stats.dtype)
+
+    pl.when(start + pid * bw >= live)(idle)
+
+
+def _or_all(xs):
+    """The OR of a list of masks."""
+    out = xs[0]
+    for x in xs[1:]:
+        out = out | x
+    return out
+
+
+def clifford_run(work, live, T, u, limits: Limits, cfg):
+    """tiled.clifford_unit's gate-by-gate map by one kernel a tile: (work, the 1-norm the weight rule
+    dropped after the run's gates)."""
+    tile, bw = cfg.tile, block(cfg.tile)
+    grid = (tile // bw,)
+    lanes = work.words.shape[1] // 2
+    interpret, params = _mode(cfg)
+    weight_rule = cfg.per == "gate" and cfg.rules[0]
+    lim_i = jnp.asarray(limits.max_weight if weight_rule else 0, jnp.int32)[None]
+    first, count = T["u_start"][u], T["u_count"][u]
+    last = T["cl_kind"].shape[0] - 1
+    kernel = partial(_clifford_kernel, lanes=lanes, bw=bw, forms=cfg.clifford, weight_rule=weight_rule)
+    outs = (work.words, work.coeffs, work.gone)
+
+    def body(k, carry):
+        work, dropped = carry
+        words, coeffs, gone, stats = pl.pallas_call(
+            kernel, grid=grid, compiler_params=params, interpret=interpret,
+            out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
+                jax.ShapeDtypeStruct(grid, work.coeffs.dtype),),
+            input_output_aliases={9: 0, 10: 1, 11: 2})(
+            _scalars(k * tile, live, first, count, last, work.coeffs.shape[0]), lim_i, T["cl_kind"], T["cl_qubits"],
+            T["cl_table"], T["cl_sign"], T["cl_gx"], T["cl_gz"], T["cl_turns"], work.words, work.coeffs, work.gone)
+        return work._replace(words=words, coeffs=coeffs, gone=gone), dropped + jnp.sum(stats)
+
+    return lax.fori_loop(0, (live + tile - 1) // tile, body, (work, jnp.zeros((), work.coeffs.dtype)))

@@ -217,6 +217,9 @@ def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
         return over_tiles(jnp.where(T["u_dense"][u], live, 0), tile, body, work), dropped
 
     def by_gates(work, dropped):
+        if cfg.fused:
+            work, charge = fused.clifford_run(work, jnp.where(T["u_dense"][u], 0, live), T, u, limits, cfg)
+            return work, dropped.at[0].add(charge.astype(dropped.dtype))
         first, count = T["u_start"][u], T["u_count"][u]
         last = T["cl_kind"].shape[0] - 1
 

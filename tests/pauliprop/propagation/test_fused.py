@@ -1,7 +1,8 @@
 """The GPU's kernels of a rotation pass (pauliprop/propagation/fused.py), run by Pallas's interpreter.
 
-Properties: the tiled engine with the kernels gives the XLA passes' answer word for word (value,
-dropped 1-norm per rule, peak terms) on layered circuits of one to four lanes under every rule, with
+Properties: the tiled engine with the kernels (the rotations' passes, the Clifford runs gate by gate)
+gives the XLA passes' answer word for word (value, dropped 1-norm per rule, peak terms) on layered
+circuits of one to four lanes under every rule, with
 blocks and tiles small enough that pairs and appended words cross them; untruncated it equals the
 state vector; the pairing by linear probing pairs every turning word with its partner even in a
 half-full table; a run leaves the table empty and no word gone, fit for the next run. On a GPU the
@@ -9,6 +10,8 @@ same kernels are compiled by Triton (experiments/native_peers.py checks their va
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -28,7 +31,8 @@ def kernels(monkeypatch):
 
 def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, np.ndarray]:
     """Layers of one- and two-qubit rotations on disjoint qubits in shuffled orders (a layer's passes,
-    its generators folded), a three-qubit rotation and Cliffords between them."""
+    its generators folded), a three-qubit rotation and Cliffords between them (gate tables and a
+    quarter turn of a three-qubit generator)."""
     c, k = pp.Circuit(n), 0
     for _ in range(layers):
         perm = rng.permutation(n)
@@ -39,6 +43,7 @@ def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, np.ndarray]:
             c.rx(int(q), pp.Param(k)).rz(int(q), pp.Param(k + 1))
             k += 2
         c.pauli_rotation("XYZ", [1, n - 2, n // 2], pp.Param(k)).cx(0, n - 1).h(n // 3)
+        c.pauli_rotation("XZY", [0, n // 3, n - 1], math.pi / 2).s(n // 2)  # a Clifford turn of a generator
         k += 1
     return c, rng.uniform(-1.2, 1.2, size=k)
 
