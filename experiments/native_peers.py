@@ -8,10 +8,11 @@ observable and the same truncation, applied after every gate.
 Workloads
   ki       IBM's 127-qubit kicked Ising (Kim et al., Nature 618, 500 (2023)): per step RX(theta_h)
            on qubits 0..126, then RZZ(-pi/2) on the 144 heavy-hex edges (in
-           pauliprop.models.heavy_hex_127's order), --ki-steps steps (20); <Z62> in |0...0>;
-           drop |c| < 1e-4 and Pauli weight > 8 after every gate; theta_h = --angles
-           (pi/4, pi/8, pi/16). Ours is pauliprop.models.kicked_ising(steps, theta_h, -pi/2),
-           checked instruction by instruction against the gate list the peers get.
+           pauliprop.models.heavy_hex_127's order, passed from this process to each tool's),
+           --ki-steps steps (20); <Z62> in |0...0>; drop |c| < 1e-4 and Pauli weight > 8 after
+           every gate; theta_h = --angles (pi/4, pi/8, pi/16). Ours is
+           pauliprop.models.kicked_ising(steps, theta_h, -pi/2), checked instruction by instruction
+           against the gate list the peers get.
            Published values at pi/4: 0.2613 (NVIDIA cuPauliProp, same settings), 0.2645.
   ising2d  monoprop's own Pauli benchmark (Algorithmiq/monoprop,
            packages/bench-third-party/pauli_prop/model.py and settings.json), mirrored exactly:
@@ -115,26 +116,6 @@ ISING_TRUNCATION = {"min_abs_coeff": 1e-6, "max_weight": None}
 
 # ---- the workloads: one gate list for every tool ------------------------------------------------------
 
-def heavy_hex_127() -> list[tuple[int, int]]:
-    """The 144 heavy-hex edges, by pauliprop.models.heavy_hex_127's rule (the ours worker checks
-    that its kicked_ising circuit is this gate list); here so the peers' processes import no JAX."""
-    rows, q, bridges = [], 0, []
-    for r, (length, c0) in enumerate(zip([14, 15, 15, 15, 15, 15, 14], [0, 0, 0, 0, 0, 0, 1])):
-        rows.append({c0 + k: q + k for k in range(length)})
-        q += length
-        if r < 6:
-            bridges.append({col: q + k for k, col in enumerate((0, 4, 8, 12) if r % 2 == 0 else (2, 6, 10, 14))})
-            q += 4
-    edges = set()
-    for r, row in enumerate(rows):
-        cols = sorted(row)
-        edges |= {(row[a], row[b]) for a, b in zip(cols, cols[1:])}
-        if r < len(bridges):
-            for col, bq in bridges[r].items():
-                edges |= {(row[col], bq), (bq, rows[r + 1][col])}
-    return sorted(edges)
-
-
 def grid_edges(L: int) -> list[tuple[int, int]]:
     """monoprop's model.grid_edges(L, L): row-major, each qubit's right neighbour, then the one below."""
     edges = []
@@ -159,7 +140,7 @@ def problem(case: dict) -> dict:
     observable (letters, qubits) and the truncation of a case."""
     if case["workload"] == "ki":
         th = case["theta_h"]
-        step = [("rx", (q,), th) for q in range(KI_QUBITS)] + [("rzz", e, KI_THETA_J) for e in heavy_hex_127()]
+        step = [("rx", (q,), th) for q in range(KI_QUBITS)] + [("rzz", tuple(e), KI_THETA_J) for e in case["edges"]]
         return dict(n=KI_QUBITS, step=step, steps=case["steps"], obs=("Z", (KI_OBS_QUBIT,)), trunc=KI_TRUNCATION)
     L, p = case["L"], ISING
     n = L * L
@@ -534,11 +515,17 @@ def main(argv=None):
              "timeout_s": args.timeout, "repeats": args.repeats,
              "ours_src": str(args.ours_src.resolve()) if args.ours_src else None}
 
+    edges = []  # the heavy-hex graph, built here (the peers' processes import no JAX) and passed to every tool
+    if "ki" in workloads:
+        from pauliprop.models.kicked_ising_127 import heavy_hex_127
+
+        edges = [list(e) for e in heavy_hex_127()]
     cases = []
     for w in workloads:
         if w == "ki":
             cases += [{"workload": "ki", "label": f"KI theta_h={name}", "theta_h": value, "theta_h_text": name,
-                       "theta_j": KI_THETA_J, "steps": ki_steps, "num_qubits": KI_QUBITS} for name, value in angles]
+                       "theta_j": KI_THETA_J, "steps": ki_steps, "num_qubits": KI_QUBITS, "edges": edges}
+                      for name, value in angles]
         else:
             cases += [{"workload": "ising2d", "label": f"2D Ising L={L}", "L": L, "steps": trotter_steps,
                        "num_qubits": L * L, **ISING} for L in sizes]
@@ -548,7 +535,7 @@ def main(argv=None):
         case = case | {"truncation": problem(case)["trunc"], "timeout": args.timeout, "repeats": args.repeats}
         for tool in tools:
             ident = {"tool": tool, "workload": case["workload"], "case": case["label"],
-                     "parameters": {k: v for k, v in case.items() if k not in ("label", "timeout", "repeats")}}
+                     "parameters": {k: v for k, v in case.items() if k not in ("label", "timeout", "repeats", "edges")}}
             if case["workload"] == "ising2d" and tool in failed:
                 records.append(ident | {"status": "skipped (timed out at a smaller size)"})
                 print(f"{case['label']:24s} {tool:13s} skipped", flush=True)
