@@ -686,7 +686,7 @@ def _tiled_forward(T, work, obs_words, obs_coeffs, n, unit, step, fresh, params,
                          coeffs=work.coeffs.at[at].set(obs_coeffs, mode="drop"),
                          sins=work.sins.at[at].set(0, mode="drop"))
     st = tiled.run(T, work, n, unit, step, params, limits, cfg)
-    return st, tiled.value(st.work, st.n, table, cfg.tile)
+    return st, tiled.value(st.work, st.n, table, cfg.word_tile)
 
 
 @one_program_per_key

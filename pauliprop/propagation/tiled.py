@@ -74,7 +74,9 @@ class Config(NamedTuple):
     clifford: tuple  # Clifford runs as (dense maps, gate tables, quarter turns of generators)
     unroll: int = 1  # clifford.apply_map's bytes an iteration
     sweep: int = 1  # Clifford gates applied an iteration when a run goes gate by gate (GPUs: SWEEP in propagate.py)
-    clifford_tile: int = 0  # the tiles of a Clifford run (each word mapped alone); 0: `tile`
+    clifford_tile: int = 0  # the tiles of the XLA loops that treat each word alone (a Clifford run's map, the rules
+    #                       at a unit's end, channels, the value); 0: `tile`. GPUs: smaller than `tile`, where the
+    #                       fused kernels' blocks past the live words return at once but XLA's ops do not
     fused: str = ""  # "gpu": a pass's mix by the kernels of fused.py; "interpret": the same by Pallas's interpreter
 
     @property
@@ -148,7 +150,8 @@ def compact(work: Work, n, cfg: Config, any_gone=None):
         return work, out + _count(keep)
 
     if any_gone is None:
-        any_gone = over_tiles(n, tile, lambda s, c: c | jnp.any(gone_at(work.gone, s, tile)), jnp.bool_(False))
+        wt = cfg.word_tile
+        any_gone = over_tiles(n, wt, lambda s, c: c | jnp.any(gone_at(work.gone, s, wt)), jnp.bool_(False))
     if cfg.fused:
         return fused.compact(work, n, cfg, any_gone)
     work, out = over_tiles(jnp.where(any_gone, n, 0), tile, body, (work, jnp.int32(0)))
@@ -157,7 +160,7 @@ def compact(work: Work, n, cfg: Config, any_gone=None):
 
 def _tile_rules(work: Work, n, limits: Limits, cfg: Config, dropped):
     """The per-term rules on every live word of [0, n): marks what they drop gone."""
-    tile = cfg.tile
+    tile = cfg.word_tile
     lim = limits
 
     def body(start, carry):
@@ -263,7 +266,7 @@ def channel_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -
     """Pauli channels on every live word, each tile through all of the unit's channels (they commute and
     scale coefficients by factors of at most 1 in size, so the coefficient rule after the last one drops
     what it would drop after each)."""
-    tile = cfg.tile
+    tile = cfg.word_tile
     first, count = T["u_start"][u], T["u_count"][u]
     last = T["ch_qubit"].shape[0] - 1
 
