@@ -2,11 +2,11 @@
 
 Properties: the tiled engine with the kernels (the rotations' passes, the Clifford runs gate by gate)
 gives the XLA passes' answer word for word (value, dropped 1-norm per rule, peak terms) on layered
-circuits of one to four lanes under every rule, with
-blocks and tiles small enough that pairs and appended words cross them; untruncated it equals the
-state vector; the pairing by linear probing pairs every turning word with its partner even in a
-half-full table; a run leaves the table empty and no word gone, fit for the next run. On a GPU the
-same kernels are compiled by Triton (experiments/native_peers.py checks their values there).
+circuits of one to four lanes under every rule, with blocks and tiles small enough that pairs and
+appended words cross them, in float64 and in float32; untruncated it equals the state vector; the
+pairing by linear probing pairs every turning word with its partner even in a half-full table; a run
+leaves the table empty and no word gone, fit for the next run. On a GPU the same kernels are compiled
+by Triton (experiments/native_peers.py checks their values there).
 """
 
 from __future__ import annotations
@@ -99,3 +99,21 @@ def test_pairing_in_a_half_full_table(kernels):
     kernels.setitem(prop.FUSED, "cpu", "")
     want = _run(c, h, params, truncation)
     assert got[0] == want[0] and got[2] == want[2]
+
+
+def test_float32_kernels_give_the_xla_passes_answer(kernels):
+    """Without x64 (float32 coefficients, as GPU users often run) the kernels still give the XLA passes'
+    answer word for word."""
+    import jax
+
+    rng = np.random.default_rng(9)
+    c, params = _layered(12, 3, rng)
+    h = _observable(12, rng)
+    truncation = pp.Truncation(min_abs_coeff=1e-3, max_weight=5, max_sins=6)
+    with jax.enable_x64(False):
+        got = _run(c, h, params.astype(np.float32), truncation)
+        kernels.setitem(prop.FUSED, "cpu", "")
+        want = _run(c, h, params.astype(np.float32), truncation)
+    assert want[2] > 256
+    assert got[0] == want[0] and got[2] == want[2]
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
