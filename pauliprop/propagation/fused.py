@@ -8,7 +8,7 @@ each, where a tile's bytes move in a few microseconds. Here a pass over a tile i
 programs of BLOCK words each:
 
   insert   each word finds whether it turns in this pass and by which rotation (tiled.turning_at), and
-           its pair's home slot (the canonical member's hash, pairing.home); the canonical members go
+           its pair's home slot (the canonical member's hash, pairing.hash_lanes); the canonical members go
            into the table by linear probing with atomic exchanges: a word swaps itself into a slot and
            carries on with what it displaced until it displaces nothing. Slots never empty again, so
            every member stays reachable from its home along taken slots.
@@ -60,6 +60,14 @@ def _popcount(a):
     return lax.population_count(lax.bitcast_convert_type(a, jnp.int32))
 
 
+def _product_sign(x, z, gx, gz):
+    """words.product_sign on lanes (lists of (bw,) uint32): s with i G P = s (P xor G) for anticommuting
+    G = (gx, gz) and P = (x, z)."""
+    e = sum(_popcount(gx[k] & gz[k]) + _popcount(x[k] & z[k]) - _popcount((x[k] ^ gx[k]) & (z[k] ^ gz[k]))
+            + 2 * _popcount(gz[k] & x[k]) for k in range(len(x)))
+    return jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
+
+
 def _rules(rules: tuple, lim_i, lim_f) -> Limits:
     """The limits inside a kernel from their refs: max_weight, max_sins in lim_i, min_abs_coeff in lim_f
     (None where the rule is off)."""
@@ -101,11 +109,9 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         w = [words_in[i, k] for k in range(2 * lanes)]
         g = [gens[r, k] for k in range(2 * lanes)]
         x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
-        e = sum(_popcount(gx[k] & gz[k]) + _popcount(x[k] & z[k]) - _popcount((x[k] ^ gx[k]) & (z[k] ^ gz[k]))
-                + 2 * _popcount(gz[k] & x[k]) for k in range(lanes))
         c = coeffs_in[i]
         dtype = c.dtype
-        sgn = jnp.where(((e + 1) & 3) == 0, 1.0, -1.0).astype(dtype)  # i G P = sgn (P xor G)
+        sgn = _product_sign(x, z, gx, gz).astype(dtype)  # i G P = sgn (P xor G)
         s = sins_in[i]
         weight_p = sum(_popcount(x[k] | z[k]) for k in range(lanes))
         weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
@@ -251,7 +257,7 @@ def _nth_set_bit(rows, j):
 
 
 def _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens, lanes: int):
-    """tiled.turning_at and pairing.home on lanes: (turning, rotation, partner lanes, passes, canonical,
+    """tiled.turning_at and the canonical member of each pair on lanes: (turning, rotation, partner lanes, passes, canonical,
     canonical lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: the layer's refs."""
     x, z = w[:lanes], w[lanes:]
     meets = [(x[k] & gz[k]) ^ (z[k] & gx[k]) for k in range(lanes)]
@@ -286,23 +292,10 @@ def _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens, lane
     return turning, rot, passes, ~up, canon
 
 
-def _hash(canon):
-    """pairing._hash on lanes."""
-    h = jnp.full(canon[0].shape, 0x9E3779B9, jnp.uint32)
-    for lane in canon:
-        h = (h ^ lane) * jnp.uint32(0x85EBCA6B)
-        h = h ^ (h >> 15)
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
 def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot_in, slot_in, table_in, partner, rot,
                    slot, table, stats, *, lanes: int, bw: int, interpret: bool):
     """A tile's pairing, first half: each word of the program's block finds whether it turns in this pass
-    and by which rotation (tiled.turning_at), its pair's home (pairing.home), and is marked UNPAIRED
+    and by which rotation (tiled.turning_at), its pair's home (its canonical member's hash), and is marked UNPAIRED
     (canonical), LOOKUP or NOT_TURNING; the canonical members go into the table from their homes on by
     linear probing: a word swaps itself into a slot and carries on with what it displaced, until it
     displaces nothing (slots never empty again, so every member stays reachable from its home).
@@ -317,7 +310,7 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
         w = [words[i, k] for k in range(2 * lanes)]
         turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens,
                                                              lanes)
-        home = (_hash(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
+        home = (pairing.hash_lanes(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
         marker = jnp.where(turning, jnp.where(is_canonical, pairing.UNPAIRED, pairing.LOOKUP), pairing.NOT_TURNING)
         partner[i] = marker
         rot[i] = r
@@ -565,9 +558,7 @@ def _clifford_kernel(scal, lim_i, kinds, qubits, images, signs, gens_x, gens_z, 
             if forms[2]:  # a quarter turn of a generator
                 gx, gz = [gens_x[j, k] for k in range(lanes)], [gens_z[j, k] for k in range(lanes)]
                 ac = (sum(_popcount((x[k] & gz[k]) ^ (z[k] & gx[k])) for k in range(lanes)) & 1) == 1
-                e = sum(_popcount(gx[k] & gz[k]) + _popcount(x[k] & z[k]) - _popcount((x[k] ^ gx[k]) & (z[k] ^ gz[k]))
-                        + 2 * _popcount(gz[k] & x[k]) for k in range(lanes))
-                ps = jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
+                ps = _product_sign(x, z, gx, gz)
                 t = turns[j] % 4
                 odd = (t % 2) == 1
                 sign = jnp.where(ac, jnp.where(odd, jnp.where(t == 1, 1.0, -1.0) * ps, -1.0), 1.0)

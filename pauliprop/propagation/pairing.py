@@ -48,33 +48,23 @@ def _put(a, start, v):
     return lax.dynamic_update_slice_in_dim(a, v, start, axis=0)
 
 
-def canonical(words, partners):
-    """(the canonical member of each pair {P, Q}: the one whose bit at G's lowest site is 0, whether P is it)."""
-    lane, mask = pivot(words ^ partners)
-    up = (jnp.take_along_axis(words, lane[:, None], axis=1)[:, 0] & mask) != 0
-    return jnp.where(up[:, None], partners, words), ~up
-
-
-def _hash(canon):
-    """A 32-bit hash of packed words: a multiply-xorshift a lane, murmur's finaliser at the end."""
-    h = jnp.full(canon.shape[0], 0x9E3779B9, jnp.uint32)
-    for lane in range(canon.shape[1]):
-        h = (h ^ canon[:, lane]) * jnp.uint32(0x85EBCA6B)
+def hash_lanes(lanes):
+    """A 32-bit hash of packed words given as their lanes (each (T,) uint32; fused.py's kernels hold words
+    so): a multiply-xorshift a lane, murmur's finaliser at the end."""
+    h = jnp.full(lanes[0].shape, 0x9E3779B9, jnp.uint32)
+    for lane in lanes:
+        h = (h ^ lane) * jnp.uint32(0x85EBCA6B)
         h = h ^ (h >> 15)
     return pauli_words.mix32(h)
 
 
 def _probe(words, partners):
     """(first slot hash, step) of each pair {P, Q}: a hash of its canonical member (an odd step)."""
-    h1 = _hash(canonical(words, partners)[0])
+    lane, mask = pivot(words ^ partners)
+    up = (jnp.take_along_axis(words, lane[:, None], axis=1)[:, 0] & mask) != 0
+    canon = jnp.where(up[:, None], partners, words)
+    h1 = hash_lanes([canon[:, k] for k in range(canon.shape[1])])
     return h1, pauli_words.mix32(h1 ^ jnp.uint32(0x68E31DA4)) | jnp.uint32(1)
-
-
-def home(words, partners, mask):
-    """The slot of each pair's linear probe sequence (fused.py): its canonical member's hash under `mask`,
-    and whether P is that member."""
-    canon, is_canonical = canonical(words, partners)
-    return (_hash(canon) & mask).astype(jnp.int32), is_canonical
 
 
 def table_mask(n, table_size: int):

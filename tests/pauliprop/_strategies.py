@@ -156,3 +156,19 @@ def bloch_vectors(n: int, mixed: bool = True):
 
     radius = st.floats(0, 1) if mixed else st.just(1.0)
     return st.builds(normalise, st.lists(vec, min_size=n, max_size=n), st.lists(radius, min_size=n, max_size=n))
+
+
+def disjoint_rotation_layer(c: pp.Circuit, rng, k: int, singles=("rx",)) -> int:
+    """Append RZZ on a shuffled pairing of the qubits, then each of `singles` on every qubit in a
+    shuffled order (layers on disjoint qubits whose lowest qubits come in no order: the tiled engine's
+    passes), parameters Param(k), Param(k + 1), ...; returns the next parameter index."""
+    n = c.num_qubits
+    perm = rng.permutation(n)
+    for i in range(0, n - 1, 2):
+        c.rzz(int(perm[i]), int(perm[i + 1]), pp.Param(k))
+        k += 1
+    for q in rng.permutation(n):
+        for gate in singles:
+            getattr(c, gate)(int(q), pp.Param(k))
+            k += 1
+    return k

@@ -19,6 +19,8 @@ import pytest
 import pauliprop as pp
 from pauliprop.propagation import fused, pairing, propagate as prop
 
+from .._strategies import disjoint_rotation_layer
+
 
 @pytest.fixture
 def kernels(monkeypatch):
@@ -35,13 +37,7 @@ def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, np.ndarray]:
     quarter turn of a three-qubit generator)."""
     c, k = pp.Circuit(n), 0
     for _ in range(layers):
-        perm = rng.permutation(n)
-        for i in range(0, n - 1, 2):
-            c.rzz(int(perm[i]), int(perm[i + 1]), pp.Param(k))
-            k += 1
-        for q in rng.permutation(n):
-            c.rx(int(q), pp.Param(k)).rz(int(q), pp.Param(k + 1))
-            k += 2
+        k = disjoint_rotation_layer(c, rng, k, singles=("rx", "rz"))
         c.pauli_rotation("XYZ", [1, n - 2, n // 2], pp.Param(k)).cx(0, n - 1).h(n // 3)
         c.pauli_rotation("XZY", [0, n // 3, n - 1], math.pi / 2).s(n // 2)  # a Clifford turn of a generator
         k += 1

@@ -22,7 +22,7 @@ from pauliprop.models import kicked_ising_127 as ki
 from pauliprop.propagation import pairing, propagate as prop, tiled
 
 from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build,
-                          observable_terms, params_vector, paulisum, states)
+                          disjoint_rotation_layer, observable_terms, params_vector, paulisum, states)
 
 
 @st.composite
@@ -71,13 +71,7 @@ def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, int]:
     passes of a layer), with Cliffords between them."""
     c, k = pp.Circuit(n), 0
     for _ in range(layers):
-        perm = rng.permutation(n)
-        for i in range(0, n - 1, 2):
-            c.rzz(int(perm[i]), int(perm[i + 1]), pp.Param(k))
-            k += 1
-        for q in rng.permutation(n):
-            c.rx(int(q), pp.Param(k))
-            k += 1
+        k = disjoint_rotation_layer(c, rng, k)
         c.pauli_rotation("XYZ", [1, 4, 6], pp.Param(k)).cx(0, 3).h(5)
         k += 1
     return c, k
