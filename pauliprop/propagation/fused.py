@@ -1,30 +1,32 @@
-"""A rotation pass as GPU kernels (Pallas on Triton): a few launches a tile where XLA ran about sixty.
+"""A rotation pass as GPU kernels (Pallas on Triton): a few launches where XLA ran about sixty a tile.
 
 XLA runs a pass of the tiled engine (pairing.pair, tiled._mix, tiled.compact) as some sixty kernels a
 tile: the pairing's rounds of scatter-min and gathers, the mix's gathers, scatters and sums, the
 compaction's prefix count and scatters, each reading its operands from memory and writing them back.
 On one H200 (2026-11-28, 2D Ising 4x4, tiles of 2^18 words) that was 380 ms of kernels, about 2.5 us
-each, where a tile's bytes move in a few microseconds. Here a pass over a tile is seven launches of
-programs of BLOCK words each:
+each, where a tile's bytes move in a few microseconds. Here a pass is seven launches of programs of
+BLOCK words each; the pairing's and the mix's programs each take their block of every tile in one launch
+(a loop of launches over the tiles cost a pass the loop's test and its small kernels: one H200, 8x8
+Ising, 2026-11-28, about half the pass's time went to such glue):
 
   insert   each word finds whether it turns in this pass and by which rotation (tiled.turning_at), and
            its pair's home slot (the canonical member's hash, pairing.hash_lanes); the canonical members go
            into the table by linear probing with atomic exchanges: a word swaps itself into a slot and
            carries on with what it displaced until it displaces nothing. Slots never empty again, so
            every member stays reachable from its home along taken slots.
-  lookup   (once every tile's inserts are done) each other turning word walks its partner's probe
+  lookup   (once every insert is done) each other turning word walks its partner's probe
            sequence to an empty slot; found, the two hold each other's slot, else it is UNPAIRED.
   count, mix
            the appended words each block keeps, then each pair mixed in place by its lower member, each
            lone word scaled and its partner appended at the block's offset (a prefix sum of the counts
-           between the launches, so the appended words come in tiled._mix's order whatever order the
-           programs run in), the rules' drops marked gone and charged, the table cleared.
+           between the launches, tile after tile, so the appended words come in tiled._mix's order
+           whatever order the programs run in), the rules' drops marked gone and charged, the table cleared.
   clifford (a unit of its own) each word through a Clifford run's gates one after the other in
            registers, the weight rule after every gate (where XLA ran a few kernels a gate).
   keep count, gather, place
-           the compaction: the staying words of each block gathered in order into staging buffers of a
-           tile, then placed at the front (in place, one launch's blocks would overwrite words that
-           others have yet to read).
+           the compaction, a tile at a time: the staying words of each block gathered in order into
+           staging buffers of a tile, then placed at the front (in place, one launch's blocks would
+           overwrite words that others have yet to read).
 
 The answer is the XLA passes', word for word (tests/pauliprop/propagation/test_fused.py, by Pallas's
 interpreter; on a GPU to rounding, Triton contracting products into FMAs). No two lanes of a launch
@@ -84,23 +86,42 @@ def _charged(limits: Limits, coeffs, weights, sins, candidate):
     return candidate & ~drop_w & ~drop_c & ~drop_s, charge
 
 
+def _over_tiles(n, tile: int, bw: int, block_body, every=None):
+    """block_body(k, first slot) for the program's block of each tile k that holds live words (every(k)
+    first, for each tile k up to the last live word): one launch for every tile (a loop of launches costs
+    a pass several small kernels and the loop's test)."""
+    pid = pl.program_id(0)
+
+    def one(k, carry):
+        first = k * tile + pid * bw
+        if every is not None:
+            every(k)
+        pl.when(first < n)(lambda: block_body(k, first))
+        return carry
+
+    lax.fori_loop(0, (n + tile - 1) // tile, one, ())  # no carry: Triton's loop yields no constants
+
+
 def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, coeffs_in, sins_in, gone_in,
-            table_in, *outs, lanes: int, bw: int, rules: tuple, sins_on: bool, count_only: bool):
-    """One program: the words [start + pid bw, + bw) of the tile. scal = (start, n, fits, capacity,
-    the pass's table mask).
-    count_only: the appended words the block keeps, into counts[pid]; else the mix, with the block's
-    appended words from base[pid] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
+            table_in, *outs, lanes: int, bw: int, tile: int, rules: tuple, sins_on: bool, count_only: bool):
+    """One program: the words [k tile + pid bw, + bw) of every tile k. scal = (n, fits, capacity, the
+    pass's table mask).
+    count_only: the appended words the block keeps, into counts[k, pid]; else the mix, with the block's
+    appended words from base[k, pid] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
     if count_only:
         (counts,) = outs
     else:
         words, coeffs, sins, gone, table, stats = outs
         words_in, coeffs_in, sins_in = words, coeffs, sins  # the same buffers (aliased)
     pid = pl.program_id(0)
-    start, n, fits, cap, table_mask = scal[0], scal[1], scal[2] != 0, scal[3], scal[4]
-    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
-    sink = jnp.full(i.shape, cap, jnp.int32)
+    n, fits, cap, table_mask = scal[0], scal[1] != 0, scal[2], scal[3]
+    if not count_only:
+        for k in range(4):
+            stats[pid, k] = jnp.zeros((), stats.dtype)
 
-    def run():
+    def run(tile_k, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
+        sink = jnp.full(i.shape, cap, jnp.int32)
         limits = _rules(rules, lim_i, lim_f)
         p, r = partner[i], rot[i]
         t = (i < n) & (p != pairing.NOT_TURNING)
@@ -119,13 +140,13 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         spawn = sn * sgn * c
         keep_spawn, charge_spawn = _charged(limits, spawn, weight_q, s + 1, lone)
         if count_only:
-            counts[pid] = jnp.sum(keep_spawn.astype(jnp.int32))
+            counts[tile_k, pid] = jnp.sum(keep_spawn.astype(jnp.int32))
             return
         # the table cleared whether the pass fits or not: the part a pass over n words uses is at most 2 LOAD n
         # slots, so each program clears 2 LOAD of them a word of its own
         empty = jnp.full(i.shape, pairing.EMPTY, jnp.int32)
         for k in range(2 * pairing.LOAD):
-            at = 2 * pairing.LOAD * (start + pid * bw) + k * bw + jnp.arange(bw, dtype=jnp.int32)
+            at = 2 * pairing.LOAD * first + k * bw + jnp.arange(bw, dtype=jnp.int32)
             plgpu.store(table.at[jnp.where(at <= table_mask, at, table_in.shape[0])], empty, mask=at <= table_mask)
         lead = t & (p >= 0) & (i < p)  # the lower slot of a pair writes both
         q = jnp.where(lead, p, cap)
@@ -138,14 +159,14 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         keep_mine, charge_mine = _charged(limits, mine, weight_p, my_sins, lead | lone)
         keep_theirs, charge_theirs = _charged(limits, theirs, weight_q, their_sins, lead)
         for k in range(3):
-            stats[pid, k] = (charge_mine[k] + charge_theirs[k] + charge_spawn[k]).astype(stats.dtype)
+            stats[pid, k] += (charge_mine[k] + charge_theirs[k] + charge_spawn[k]).astype(stats.dtype)
         mine_at = (lead | lone) & fits
         lead = lead & fits
         keep_spawn = keep_spawn & fits
         drop_mine = mine_at & ~keep_mine
         drop_theirs = lead & ~keep_theirs
-        stats[pid, 3] = (jnp.sum(drop_mine.astype(jnp.int32)) + jnp.sum(drop_theirs.astype(jnp.int32))).astype(stats.dtype)
-        dest = jnp.where(keep_spawn, base[pid] + jnp.cumsum(keep_spawn.astype(jnp.int32)) - 1, cap)
+        stats[pid, 3] += (jnp.sum(drop_mine.astype(jnp.int32)) + jnp.sum(drop_theirs.astype(jnp.int32))).astype(stats.dtype)
+        dest = jnp.where(keep_spawn, base[tile_k, pid] + jnp.cumsum(keep_spawn.astype(jnp.int32)) - 1, cap)
         mine_i = jnp.where(mine_at, i, sink)
         plgpu.store(coeffs.at[mine_i], mine, mask=mine_at)
         plgpu.store(coeffs.at[q], theirs, mask=lead)
@@ -160,32 +181,27 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
             plgpu.store(sins.at[q], their_sins, mask=lead)
             plgpu.store(sins.at[dest], s + 1, mask=keep_spawn)
 
-    pl.when(start + pid * bw < n)(run)
+    def zero(k):  # counts past the live words (those of tiles past them are masked by `mix`)
+        counts[k, pid] = jnp.int32(0)
 
-    def idle():  # a block past the live words
-        if count_only:
-            counts[pid] = jnp.int32(0)
-        else:
-            for k in range(4):
-                stats[pid, k] = jnp.zeros((), stats.dtype)
-
-    pl.when(start + pid * bw >= n)(idle)
+    _over_tiles(n, tile, bw, run, zero if count_only else None)
 
 
-def _launch(work, start, n, fits, mask, base, layer, limits: Limits, cfg, count_only: bool):
+def _launch(work, n, fits, mask, base, layer, limits: Limits, cfg, count_only: bool):
     tile, lanes = cfg.tile, work.words.shape[1] // 2
     bw = block(tile)
     grid = (tile // bw,)
     cap = work.coeffs.shape[0]
-    scal = _scalars(start, n, fits, cap, mask)
+    scal = _scalars(n, fits, cap, mask)
     lim_i = jnp.stack([jnp.asarray(limits.max_weight if limits.max_weight is not None else 0, jnp.int32),
                        jnp.asarray(limits.max_sins if limits.max_sins is not None else 0, jnp.int32)])
     lim_f = jnp.asarray(limits.min_abs_coeff if limits.min_abs_coeff is not None else 0, work.coeffs.dtype)[None]
-    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules[3], count_only=count_only)
+    kernel = partial(_kernel, lanes=lanes, bw=bw, tile=tile, rules=cfg.rules, sins_on=cfg.rules[3],
+                     count_only=count_only)
     args = (scal, lim_i, lim_f, layer.gens, layer.cos, layer.sin, base, work.partner, work.rot, work.words, work.coeffs, work.sins, work.gone, work.table)
     interpret, params = _mode(cfg)
     if count_only:
-        return pl.pallas_call(kernel, grid=grid, out_shape=jax.ShapeDtypeStruct(grid, jnp.int32),
+        return pl.pallas_call(kernel, grid=grid, out_shape=jax.ShapeDtypeStruct((cap // tile,) + grid, jnp.int32),
                               compiler_params=params, interpret=interpret)(*args)
     first = len(args) - 5
     outs = (work.words, work.coeffs, work.sins, work.gone, work.table)
@@ -203,22 +219,15 @@ def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
     need = n + turning
     fits = need <= cfg.capacity
     mask = pairing.table_mask(n, work.table.shape[0])
-    nothing = jnp.zeros(cfg.tile // block(cfg.tile), jnp.int32)
-
-    def body(i, carry):
-        work, added, dropped, gone_count = carry
-        start = i * cfg.tile
-        counts = _launch(work, start, n, fits, mask, nothing, layer, limits, cfg, count_only=True)
-        base = (n + added + jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32)
-        work, stats = _launch(work, start, n, fits, mask, base, layer, limits, cfg, count_only=False)
-        total = jnp.sum(stats, axis=0)
-        dropped = dropped.at[:3].add(jnp.where(fits, total[:3], 0).astype(dropped.dtype))
-        added = added + jnp.where(fits, jnp.sum(counts, dtype=jnp.int32), 0)
-        return work, added, dropped, gone_count + total[3].astype(jnp.int32)
-
-    tiles = (n + cfg.tile - 1) // cfg.tile
-    work, added, dropped, gone = lax.fori_loop(0, tiles, body, (work, jnp.int32(0), dropped, jnp.int32(0)))
-    return work, jnp.where(fits, 0, need), added, dropped, gone
+    grid = (cfg.capacity // cfg.tile, cfg.tile // block(cfg.tile))
+    counts = _launch(work, n, fits, mask, jnp.zeros(grid, jnp.int32), layer, limits, cfg, count_only=True)
+    counts = jnp.where(jnp.arange(grid[0])[:, None] * cfg.tile < n, counts, 0).reshape(-1)  # unwritten past n
+    base = (n + jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32).reshape(grid)  # tile after tile
+    work, stats = _launch(work, n, fits, mask, base, layer, limits, cfg, count_only=False)
+    total = jnp.sum(stats, axis=0)
+    dropped = dropped.at[:3].add(jnp.where(fits, total[:3], 0).astype(dropped.dtype))
+    added = jnp.where(fits, jnp.sum(counts, dtype=jnp.int32), 0)
+    return work, jnp.where(fits, 0, need), added, dropped, total[3].astype(jnp.int32)
 
 
 def _scalars(*xs):
@@ -293,19 +302,21 @@ def _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens, lane
 
 
 def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot_in, slot_in, table_in, partner, rot,
-                   slot, table, stats, *, lanes: int, bw: int, interpret: bool):
+                   slot, table, stats, *, lanes: int, bw: int, tile: int, interpret: bool):
     """A tile's pairing, first half: each word of the program's block finds whether it turns in this pass
     and by which rotation (tiled.turning_at), its pair's home (its canonical member's hash), and is marked UNPAIRED
     (canonical), LOOKUP or NOT_TURNING; the canonical members go into the table from their homes on by
     linear probing: a word swaps itself into a slot and carries on with what it displaced, until it
     displaces nothing (slots never empty again, so every member stays reachable from its home).
-    scal = (start, n, table mask, pass, single, down); stats[pid] = (turning words, most passes)."""
+    scal = (n, table mask, pass, single, down); stats[pid] = (turning words, most passes), over the tiles."""
     del partner_in, rot_in, slot_in, table_in
     pid = pl.program_id(0)
-    start, n, mask, step, single, down = scal[0], scal[1], scal[2], scal[3], scal[4] != 0, scal[5] != 0
-    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+    n, mask, step, single, down = scal[0], scal[1], scal[2], scal[3] != 0, scal[4] != 0
+    stats[pid, 0] = jnp.int32(0)
+    stats[pid, 1] = jnp.int32(0)
 
-    def run():
+    def run(_, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
         valid = i < n
         w = [words[i, k] for k in range(2 * lanes)]
         turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens,
@@ -315,12 +326,12 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
         partner[i] = marker
         rot[i] = r
         slot[i] = home
-        stats[pid, 0] = jnp.sum(turning.astype(jnp.int32))
-        stats[pid, 1] = jnp.max(jnp.where(valid, passes, 0))
+        stats[pid, 0] += jnp.sum(turning.astype(jnp.int32))
+        stats[pid, 1] = jnp.maximum(stats[pid, 1], jnp.max(jnp.where(valid, passes, 0)))
         inserting = turning & is_canonical
         if interpret:  # one lane after the other: the GPU's exchanges in one of their orders
             def lane(j, _):
-                k = start + pid * bw + j
+                k = first + j
 
                 def swap(c):
                     carry, s, _ = c
@@ -342,24 +353,18 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
 
         lax.while_loop(lambda c: _any(c[0]), swap, (inserting, i, home))
 
-    pl.when(start + pid * bw < n)(run)
-
-    def idle():
-        stats[pid, 0] = jnp.int32(0)
-        stats[pid, 1] = jnp.int32(0)
-    pl.when(start + pid * bw >= n)(idle)
+    _over_tiles(n, tile, bw, run)
 
 
-def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, lanes: int, bw: int):
+def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, lanes: int, bw: int, tile: int):
     """Each LOOKUP word of the program finds its partner (P xor G, a canonical member) along the partner's
     probe sequence, up to an empty slot; both then hold each other's slot, else it is UNPAIRED.
-    scal = (start, table mask, capacity, n)."""
+    scal = (table mask, capacity, n)."""
     del partner_in
-    pid = pl.program_id(0)
-    start, mask, cap, n = scal[0], scal[1], scal[2], scal[3]
-    i = start + pid * bw + jnp.arange(bw, dtype=jnp.int32)
+    mask, cap, n = scal[0], scal[1], scal[2]
 
-    def run():
+    def run(_, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
         look = (i < n) & (partner[i] == pairing.LOOKUP)
         r = jnp.where(look, rot[i], 0)
         target = [words[i, k] ^ gens[r, k] for k in range(2 * lanes)]
@@ -380,47 +385,34 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
         paired = found >= 0
         plgpu.store(partner.at[jnp.where(paired, found, cap)], i, mask=paired)
 
-    pl.when(start + pid * bw < n)(run)
+    _over_tiles(n, tile, bw, run)
 
 
 def pair(work, n, step, layer, cfg):
     """pairing.pair by kernels, for pass `step` of a layer (tiled.Layer): the same results (work with
     partner, rot filled, the turning words, the most passes any word takes); `slot` holds each word's
     home instead of its claim, and the table its pairs' canonical members until `mix` clears it. Two
-    loops of kernels over the tiles: the turning words and the inserts, then (every insert done) the
-    lookups."""
+    launches: the turning words and the inserts, then (every insert done) the lookups."""
     tile, bw = cfg.tile, block(cfg.tile)
     grid = (tile // bw,)
     mask = pairing.table_mask(n, work.table.shape[0])
     interpret, params = _mode(cfg)
     lanes = work.words.shape[1] // 2
     (fold,) = layer.fold
-
-    def first(start, carry):
-        work, turning, most = carry
-        outs = (work.partner, work.rot, work.slot, work.table)
-        partner, rot, slot, table, stats = pl.pallas_call(
-            partial(_insert_kernel, lanes=lanes, bw=bw, interpret=interpret), grid=grid,
-            out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
-                jax.ShapeDtypeStruct(grid + (2,), jnp.int32),),
-            input_output_aliases={7 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
-            _scalars(start, n, mask, step, layer.single, layer.down), layer.gx, layer.gz, fold, layer.rotation_at,
-            layer.gens, work.words, *outs)
-        work = work._replace(partner=partner, rot=rot, slot=slot, table=table)
-        return work, turning + jnp.sum(stats[:, 0], dtype=jnp.int32), jnp.maximum(most, jnp.max(stats[:, 1]))
-
-    def second(start, work):
-        partner = pl.pallas_call(partial(_lookup_kernel, lanes=lanes, bw=bw), grid=grid,
-                                 out_shape=jax.ShapeDtypeStruct(work.partner.shape, work.partner.dtype),
-                                 input_output_aliases={6: 0}, compiler_params=params, interpret=interpret)(
-            _scalars(start, mask, work.partner.shape[0], n), layer.gens, work.rot, work.slot, work.words, work.table,
-            work.partner)
-        return work._replace(partner=partner)
-
-    tiles = (n + tile - 1) // tile
-    work, turning, most = lax.fori_loop(0, tiles, lambda k, c: first(k * tile, c), (work, jnp.int32(0), jnp.int32(0)))
-    work = lax.fori_loop(0, tiles, lambda k, w: second(k * tile, w), work)
-    return work, turning, most
+    outs = (work.partner, work.rot, work.slot, work.table)
+    partner, rot, slot, table, stats = pl.pallas_call(
+        partial(_insert_kernel, lanes=lanes, bw=bw, tile=tile, interpret=interpret), grid=grid,
+        out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
+            jax.ShapeDtypeStruct(grid + (2,), jnp.int32),),
+        input_output_aliases={7 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
+        _scalars(n, mask, step, layer.single, layer.down), layer.gx, layer.gz, fold, layer.rotation_at,
+        layer.gens, work.words, *outs)
+    partner = pl.pallas_call(partial(_lookup_kernel, lanes=lanes, bw=bw, tile=tile), grid=grid,
+                             out_shape=jax.ShapeDtypeStruct(partner.shape, partner.dtype),
+                             input_output_aliases={6: 0}, compiler_params=params, interpret=interpret)(
+        _scalars(mask, partner.shape[0], n), layer.gens, rot, slot, work.words, table, partner)
+    work = work._replace(partner=partner, rot=rot, slot=slot, table=table)
+    return work, jnp.sum(stats[:, 0], dtype=jnp.int32), jnp.max(stats[:, 1])
 
 
 # ---- the compaction -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ word of weight w anticommutes with at most w of a layer's rotations, so a layer 
 under max_weight 8 is at most 8 passes.
 
 On GPUs (Config.fused) the pairing, the mix and the compaction of a pass are Pallas kernels
-(fused.py), a few launches a tile; the answer is the same.
+(fused.py), a few launches a pass; the answer is the same.
 
 A unit whose appended words would not fit stops the loop before it writes anything (`need` > 0,
 with the unit and pass to resume at): the caller raises a MemoryError or grows the buffers.

@@ -27,6 +27,7 @@ def kernels(monkeypatch):
     """The fused kernels by the interpreter on this CPU, in blocks of 64 words and tiles of 256."""
     monkeypatch.setitem(prop.FUSED, "cpu", "interpret")
     monkeypatch.setitem(prop.TILE, "cpu", 256)
+    monkeypatch.setattr(prop, "SMALL_RUN_BOUND", {})  # small circuits too on the tiled engine
     monkeypatch.setattr(fused, "BLOCK", 64)
     return monkeypatch
 

@@ -629,3 +629,29 @@ def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n,
     assert int(host_live) == int(prog_live)
     for a, b in zip(host_buf, prog_buf):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_tiled_engine(monkeypatch):
+    """A run that can hold at most SMALL_RUN_BOUND words runs first on the loop of engine.py, in a buffer
+    that compiles fast; one whose terms outgrow that buffer runs on the tiled engine. Exact either way."""
+    from pauliprop.propagation import propagate as PR
+    calls = []
+    drive_tiled = PR._drive_tiled
+    monkeypatch.setattr(PR, "_drive_tiled", lambda *a, **k: calls.append("tiled") or drive_tiled(*a, **k))
+    rng = np.random.default_rng(5)
+    for n, layers, grows in [(5, 2, False), (7, 6, True)]:
+        c = pp.Circuit(n)
+        for _ in range(layers):
+            for q in range(n):
+                c.rx(q, rng.uniform(-1, 1)).rz(q, rng.uniform(-1, 1))
+            for q in range(n - 1):
+                c.rzz(q, q + 1, rng.uniform(-1, 1))
+        h = pp.PauliSum.from_list([("ZZ", [1, 2], 1.0), ("X", [0], 0.5)], n)
+        assert PR.small_run_capacity(c, h, pp.Truncation()) is not None
+        calls.clear()
+        val, stats = pp.expectation(c, h, return_stats=True)
+        assert abs(float(val) - float(pp.expectation(c, h, method="statevector"))) < 1e-10
+        assert (int(stats.max_terms_seen) > PR.FAST_COMPILE_CAPACITY) == grows
+        assert calls == (["tiled"] if grows else [])
+        out, _ = pp.propagate(c, h)  # the live terms, whichever engine ran
+        assert np.all(np.asarray(out.coeffs) != 0)

@@ -25,6 +25,14 @@ from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_o
                           disjoint_rotation_layer, observable_terms, params_vector, paulisum, states)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _small_circuits_on_the_tiled_engine_too():
+    """Small runs go to the loop first (propagate.SMALL_RUN_BOUND); here the tiled engine takes them."""
+    saved, prop.SMALL_RUN_BOUND = prop.SMALL_RUN_BOUND, {}
+    yield
+    prop.SMALL_RUN_BOUND = saved
+
+
 @st.composite
 def unitary_case(draw, max_n=7):
     n = draw(st.integers(1, max_n))
