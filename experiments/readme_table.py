@@ -39,7 +39,7 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "native_peers_h200_2026-11-28_clifford.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
+    f = "native_peers_h200_2026-11-28_onelaunch.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))
@@ -57,8 +57,6 @@ def rows() -> list[list[str]]:
         name, peer = faster(case, "first_call_s")
         out.append(_row(f"{what}, first call in a fresh process, empty compilation cache", d,
                         rec("ours", case, "empty cache")["first_call_s"], name, peer, [f]))
-    f = "native_peers_h200_2026-11-28_ki_wordtile.json"  # the kicked Ising again after the word-tile change
-    d = _load(f)
     case = "KI theta_h=pi/4"
     name, peer = faster(case, "warm_call_s")
     out.insert(0, _row("127-qubit kicked Ising <Z62> at pi/4 (1e-4, weight 8), warm", d,
