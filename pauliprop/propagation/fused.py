@@ -4,7 +4,7 @@ XLA runs a pass of the tiled engine (pairing.pair, tiled._mix, tiled.compact) as
 tile: the pairing's rounds of scatter-min and gathers, the mix's gathers, scatters and sums, the
 compaction's prefix count and scatters, each reading its operands from memory and writing them back.
 On one H200 (2026-11-28, 2D Ising 4x4, tiles of 2^18 words) that was 380 ms of kernels, about 2.5 us
-each, where a tile's bytes move in a few microseconds. Here a pass is seven launches of programs of
+each, where a tile's bytes move in a few microseconds. Here a pass is a few launches of programs of
 BLOCK words each; the pairing's and the mix's programs each take their block of every tile in one launch
 (a loop of launches over the tiles cost a pass the loop's test and its small kernels: one H200, 8x8
 Ising, 2026-11-28, about half the pass's time went to such glue):
@@ -16,14 +16,14 @@ Ising, 2026-11-28, about half the pass's time went to such glue):
            every member stays reachable from its home along taken slots.
   lookup   (once every insert is done) each other turning word walks its partner's probe
            sequence to an empty slot; found, the two hold each other's slot, else it is UNPAIRED.
-  count, mix
-           the appended words each block keeps, then each pair mixed in place by its lower member, each
-           lone word scaled and its partner appended at the block's offset (a prefix sum of the counts
-           between the launches, tile after tile, so the appended words come in tiled._mix's order
-           whatever order the programs run in), the rules' drops marked gone and charged, the table cleared.
+  count, offsets, mix
+           the appended words each block keeps; their prefix sum, tile after tile, by one program
+           (`offsets`), so the appended words come in tiled._mix's order whatever order the programs run
+           in; then each pair mixed in place by its lower member, each lone word scaled and its partner
+           appended at the block's offset, the rules' drops marked gone and charged, the table cleared.
   clifford (a unit of its own) each word through a Clifford run's gates one after the other in
            registers, the weight rule after every gate (where XLA ran a few kernels a gate).
-  keep count, gather, place
+  keep count, offsets, gather, place
            the compaction, a tile at a time: the staying words of each block gathered in order into
            staging buffers of a tile, then placed at the front (in place, one launch's blocks would
            overwrite words that others have yet to read).
@@ -221,13 +221,34 @@ def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
     mask = pairing.table_mask(n, work.table.shape[0])
     grid = (cfg.capacity // cfg.tile, cfg.tile // block(cfg.tile))
     counts = _launch(work, n, fits, mask, jnp.zeros(grid, jnp.int32), layer, limits, cfg, count_only=True)
-    counts = jnp.where(jnp.arange(grid[0])[:, None] * cfg.tile < n, counts, 0).reshape(-1)  # unwritten past n
-    base = (n + jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32).reshape(grid)  # tile after tile
+    base, added = offsets(counts, (n + cfg.tile - 1) // cfg.tile, n, cfg)
     work, stats = _launch(work, n, fits, mask, base, layer, limits, cfg, count_only=False)
     total = jnp.sum(stats, axis=0)
     dropped = dropped.at[:3].add(jnp.where(fits, total[:3], 0).astype(dropped.dtype))
-    added = jnp.where(fits, jnp.sum(counts, dtype=jnp.int32), 0)
-    return work, jnp.where(fits, 0, need), added, dropped, total[3].astype(jnp.int32)
+    return work, jnp.where(fits, 0, need), jnp.where(fits, added, 0), dropped, total[3].astype(jnp.int32)
+
+
+def _offsets_kernel(scal, counts, base, total):
+    """One program: base[k, b] = scal[1] + the counts before block b of tile k, tile after tile, for the
+    first scal[0] tiles (the counts of later ones are never written), and their total."""
+    def row(k, running):
+        c = counts[k, :]
+        base[k, :] = running + jnp.cumsum(c, dtype=jnp.int32) - c
+        return running + jnp.sum(c, dtype=jnp.int32)
+
+    total[0] = lax.fori_loop(0, scal[0], row, scal[1]) - scal[1]
+
+
+def offsets(counts, rows, start, cfg):
+    """(start + the counts of the blocks before each block, tile after tile; their total) of the first
+    `rows` tiles of counts (tiles, blocks), in one small kernel (XLA's prefix sum over every tile's
+    blocks, 65,536 counts at 2^26 slots, took 10 us of a pass on an H200)."""
+    interpret, params = _mode(cfg)
+    base, total = pl.pallas_call(
+        _offsets_kernel, grid=(1,), interpret=interpret, compiler_params=params,
+        out_shape=(jax.ShapeDtypeStruct(counts.shape, jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)))(
+        _scalars(rows, start), counts)
+    return base, total[0]
 
 
 def _scalars(*xs):
@@ -492,12 +513,12 @@ def compact(work, n, cfg, any_gone):
         start = k * tile
         counts = call(partial(_keep_count_kernel, bw=bw), out_shape=jax.ShapeDtypeStruct(grid, jnp.int32))(
             _scalars(start, n), work.gone)
-        base = (jnp.cumsum(counts, dtype=jnp.int32) - counts).astype(jnp.int32)
+        base, kept = offsets(counts[None], 1, 0, cfg)
         kept_words, kept_coeffs, kept_sins, gone = call(
             partial(_gather_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
             out_shape=(shape(work.words, tile), shape(work.coeffs, tile), shape(work.sins, tile), shape(work.gone)),
-            input_output_aliases={5: 3})(_scalars(start, n, tile), base, work.words, work.coeffs, work.sins, work.gone)
-        kept = jnp.sum(counts, dtype=jnp.int32)
+            input_output_aliases={5: 3})(_scalars(start, n, tile), base[0], work.words, work.coeffs, work.sins,
+                                         work.gone)
         words, coeffs, sins = call(
             partial(_place_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
             out_shape=(shape(work.words), shape(work.coeffs), shape(work.sins)),

@@ -603,14 +603,23 @@ SMALL_RUN_BOUND = {"cpu": 1 << 16}
 
 
 def small_run_capacity(circuit: Circuit, obs: PauliSum, truncation: Truncation) -> int | None:
-    """The loop engine's capacity for a first try at a small run (SMALL_RUN_BOUND), else None."""
+    """The loop engine's capacity for a first try at a small run (SMALL_RUN_BOUND), else None (also for
+    a run of this circuit and observable that outgrew the try before: later calls go straight on)."""
     backend = jax.default_backend()
     most = SMALL_RUN_BOUND.get(backend, 0)
-    if len(obs) > min(most, FAST_COMPILE_CAPACITY):
+    if not most or len(obs) > min(most, FAST_COMPILE_CAPACITY):
         return None
     low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs))
     bound = terms_bound(low, len(obs))
-    return min(1 << max(6, (bound - 1).bit_length()), default_capacity(obs, truncation)) if bound <= most else None
+    if bound > most or circuit._program_cache.get(_outgrown_key(circuit, obs, truncation)):
+        return None
+    return min(1 << max(6, (bound - 1).bit_length()), default_capacity(obs, truncation))
+
+
+def _outgrown_key(circuit: Circuit, obs: PauliSum, truncation: Truncation) -> tuple:
+    """Where a circuit remembers (in the cache `lowered` keeps on it, dropped when the circuit grows) that
+    a small run of this observable outgrew the loop's first buffer."""
+    return len(circuit.instructions), "outgrew the small run", truncation, observable_support(obs), len(obs)
 
 
 def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capacity, max_capacity,
@@ -622,6 +631,8 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
         run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
                                outgrow=False)
         if not run:
+            if small:
+                circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
             return _drive_tiled(circuit, obs, params, truncation, max_capacity, table, want_terms)
     else:
         run = _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table)

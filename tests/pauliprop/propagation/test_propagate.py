@@ -633,11 +633,13 @@ def test_a_one_term_observable_is_merged_on_the_host_as_the_program_merges_it(n,
 
 def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_tiled_engine(monkeypatch):
     """A run that can hold at most SMALL_RUN_BOUND words runs first on the loop of engine.py, in a buffer
-    that compiles fast; one whose terms outgrow that buffer runs on the tiled engine. Exact either way."""
+    that compiles fast; one whose terms outgrow that buffer runs on the tiled engine, and later calls of
+    that circuit and observable go there at once. Exact either way."""
     from pauliprop.propagation import propagate as PR
     calls = []
-    drive_tiled = PR._drive_tiled
+    drive_tiled, drive = PR._drive_tiled, PR._drive
     monkeypatch.setattr(PR, "_drive_tiled", lambda *a, **k: calls.append("tiled") or drive_tiled(*a, **k))
+    monkeypatch.setattr(PR, "_drive", lambda *a, **k: calls.append("loop") or drive(*a, **k))
     rng = np.random.default_rng(5)
     for n, layers, grows in [(5, 2, False), (7, 6, True)]:
         c = pp.Circuit(n)
@@ -652,6 +654,9 @@ def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_
         val, stats = pp.expectation(c, h, return_stats=True)
         assert abs(float(val) - float(pp.expectation(c, h, method="statevector"))) < 1e-10
         assert (int(stats.max_terms_seen) > PR.FAST_COMPILE_CAPACITY) == grows
-        assert calls == (["tiled"] if grows else [])
+        assert calls == (["loop", "tiled"] if grows else ["loop"])
+        calls.clear()
+        again = pp.expectation(c, h)
+        assert float(again) == float(val) and calls == (["tiled"] if grows else ["loop"])
         out, _ = pp.propagate(c, h)  # the live terms, whichever engine ran
         assert np.all(np.asarray(out.coeffs) != 0)
