@@ -181,7 +181,7 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
             plgpu.store(sins.at[q], their_sins, mask=lead)
             plgpu.store(sins.at[dest], s + 1, mask=keep_spawn)
 
-    def zero(k):  # counts past the live words (those of tiles past them are masked by `mix`)
+    def zero(k):  # blocks past the live words count nothing (`offsets` reads only the tiles up to them)
         counts[k, pid] = jnp.int32(0)
 
     _over_tiles(n, tile, bw, run, zero if count_only else None)
