@@ -23,10 +23,9 @@ Ising, 2026-11-28, about half the pass's time went to such glue):
            appended at the block's offset, the rules' drops marked gone and charged, the table cleared.
   clifford (a unit of its own) each word through a Clifford run's gates one after the other in
            registers, the weight rule after every gate (where XLA ran a few kernels a gate).
-  keep count, offsets, gather, place
-           the compaction, a tile at a time: the staying words of each block gathered in order into
-           staging buffers of a tile, then placed at the front (in place, one launch's blocks would
-           overwrite words that others have yet to read).
+  holes, offsets, fill
+           the compaction: the staying words past the new end fill the holes below it, the r-th the
+           r-th (only those words move; the order of the live words is not kept).
 
 The answer is the XLA passes', word for word (tests/pauliprop/propagation/test_fused.py, by Pallas's
 interpreter; on a GPU to rounding, Triton contracting products into FMAs). No two lanes of a launch
@@ -219,8 +218,8 @@ def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
     need = n + turning
     fits = need <= cfg.capacity
     mask = pairing.table_mask(n, work.table.shape[0])
-    grid = (cfg.capacity // cfg.tile, cfg.tile // block(cfg.tile))
-    counts = _launch(work, n, fits, mask, jnp.zeros(grid, jnp.int32), layer, limits, cfg, count_only=True)
+    unread = jnp.zeros((1, 1), jnp.int32)  # the count reads no offsets (a buffer of every block's cost a memset a pass)
+    counts = _launch(work, n, fits, mask, unread, layer, limits, cfg, count_only=True)
     base, added = offsets(counts, (n + cfg.tile - 1) // cfg.tile, n, cfg)
     work, stats = _launch(work, n, fits, mask, base, layer, limits, cfg, count_only=False)
     total = jnp.sum(stats, axis=0)
@@ -230,25 +229,30 @@ def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
 
 def _offsets_kernel(scal, counts, base, total):
     """One program: base[k, b] = scal[1] + the counts before block b of tile k, tile after tile, for the
-    first scal[0] tiles (the counts of later ones are never written), and their total."""
-    def row(k, running):
-        c = counts[k, :]
-        base[k, :] = running + jnp.cumsum(c, dtype=jnp.int32) - c
-        return running + jnp.sum(c, dtype=jnp.int32)
+    first scal[0] tiles (the counts of later ones are never written), and their total; for each channel
+    c of counts (tiles, blocks, channels) on its own."""
+    for c in range(counts.shape[2]):
+        def row(k, running, c=c):
+            v = counts[k, :, c]
+            base[k, :, c] = running + jnp.cumsum(v, dtype=jnp.int32) - v
+            return running + jnp.sum(v, dtype=jnp.int32)
 
-    total[0] = lax.fori_loop(0, scal[0], row, scal[1]) - scal[1]
+        total[c] = lax.fori_loop(0, scal[0], row, scal[1]) - scal[1]
 
 
 def offsets(counts, rows, start, cfg):
     """(start + the counts of the blocks before each block, tile after tile; their total) of the first
-    `rows` tiles of counts (tiles, blocks), in one small kernel (XLA's prefix sum over every tile's
-    blocks, 65,536 counts at 2^26 slots, took 10 us of a pass on an H200)."""
+    `rows` tiles of counts (tiles, blocks[, channels]: each channel on its own), in one small kernel
+    (XLA's prefix sum over every tile's blocks, 65,536 counts at 2^26 slots, took 10 us of a pass on an
+    H200)."""
     interpret, params = _mode(cfg)
+    flat = counts.ndim == 2
+    counts = counts[..., None] if flat else counts
     base, total = pl.pallas_call(
         _offsets_kernel, grid=(1,), interpret=interpret, compiler_params=params,
-        out_shape=(jax.ShapeDtypeStruct(counts.shape, jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)))(
+        out_shape=(jax.ShapeDtypeStruct(counts.shape, jnp.int32), jax.ShapeDtypeStruct(counts.shape[2:], jnp.int32)))(
         _scalars(rows, start), counts)
-    return base, total[0]
+    return (base[..., 0], total[0]) if flat else (base, total)
 
 
 def _scalars(*xs):
@@ -438,97 +442,99 @@ def pair(work, n, step, layer, cfg):
 
 # ---- the compaction -----------------------------------------------------------------------------------
 
-def _keep_count_kernel(scal, gone, counts, *, bw: int):
-    """counts[pid]: the words of the program's block that stay (live, not gone). scal = (start, n)."""
+def _hole_count_kernel(scal, gone, counts, *, bw: int, tile: int):
+    """counts[k, pid] = (the gone words of the block of tile k below m: holes; the staying words from m on:
+    fillers). scal = (n, m)."""
     pid = pl.program_id(0)
+    n, m = scal[0], scal[1]
 
-    def run():
-        i = scal[0] + pid * bw + jnp.arange(bw, dtype=jnp.int32)
-        counts[pid] = jnp.sum(((i < scal[1]) & (gone[i] == 0)).astype(jnp.int32))
+    def run(k, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
+        g = gone[i] != 0
+        counts[k, pid, 0] = jnp.sum(((i < m) & g).astype(jnp.int32))
+        counts[k, pid, 1] = jnp.sum(((i >= m) & (i < n) & ~g).astype(jnp.int32))
 
-    pl.when(scal[0] + pid * bw < scal[1])(run)
+    def zero(k):  # blocks past the live words count nothing (`offsets` reads only the tiles up to them)
+        counts[k, pid, 0] = jnp.int32(0)
+        counts[k, pid, 1] = jnp.int32(0)
 
-    def idle():
-        counts[pid] = jnp.int32(0)
-    pl.when(scal[0] + pid * bw >= scal[1])(idle)
+    _over_tiles(n, tile, bw, run, zero)
 
 
-def _gather_kernel(scal, base, words, coeffs, sins, gone_in, kept_words, kept_coeffs, kept_sins, gone, *, lanes: int,
-                   bw: int, sins_on: bool):
-    """The block's staying words into the tile's staging buffers from base[pid] on, in order; the block's
-    gone flags cleared. scal = (start, n, tile)."""
-    del gone_in
+def _holes_kernel(scal, base, gone_in, holes_in, gone, holes, *, bw: int, tile: int):
+    """The slots of the holes (gone words below m), in order: holes[r] is the slot of the r-th; their gone
+    flags cleared. scal = (m,)."""
+    del gone_in, holes_in
     pid = pl.program_id(0)
+    m = scal[0]
 
-    def run():
-        i = scal[0] + pid * bw + jnp.arange(bw, dtype=jnp.int32)
-        keep = (i < scal[1]) & (gone[i] == 0)
-        d = jnp.where(keep, base[pid] + jnp.cumsum(keep.astype(jnp.int32)) - 1, scal[2])
-        for k in range(2 * lanes):
-            plgpu.store(kept_words.at[d, k], words[i, k], mask=keep)
-        plgpu.store(kept_coeffs.at[d], coeffs[i], mask=keep)
+    def run(k, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
+        hole = (i < m) & (gone[i] != 0)
+        rank = jnp.where(hole, base[k, pid, 0] + jnp.cumsum(hole.astype(jnp.int32)) - 1, holes.shape[0])
+        plgpu.store(holes.at[rank], i, mask=hole)
+        plgpu.store(gone.at[jnp.where(hole, i, gone.shape[0])], jnp.zeros(i.shape, jnp.uint8), mask=hole)
+
+    _over_tiles(m, tile, bw, run)
+
+
+def _fill_kernel(scal, base, holes, gone_in, words_in, coeffs_in, sins_in, gone, words, coeffs, sins, *, lanes: int,
+                 bw: int, tile: int, sins_on: bool):
+    """The r-th filler (staying word from m on) to the r-th hole; the gone flags from m on cleared.
+    scal = (n, m, capacity)."""
+    del gone_in, words_in, coeffs_in, sins_in
+    pid = pl.program_id(0)
+    n, m, cap = scal[0], scal[1], scal[2]
+
+    def run(k, first):
+        i = first + jnp.arange(bw, dtype=jnp.int32)
+        tail = (i >= m) & (i < n)
+        fill = tail & (gone[i] == 0)
+        rank = base[k, pid, 1] + jnp.cumsum(fill.astype(jnp.int32)) - 1
+        d = jnp.where(fill, plgpu.load(holes.at[jnp.where(fill, rank, 0)], mask=fill, other=0), cap)
+        for j in range(2 * lanes):
+            plgpu.store(words.at[d, j], words[i, j], mask=fill)
+        plgpu.store(coeffs.at[d], coeffs[i], mask=fill)
         if sins_on:
-            plgpu.store(kept_sins.at[d], sins[i], mask=keep)
-        gone[i] = jnp.zeros(i.shape, jnp.uint8)
+            plgpu.store(sins.at[d], sins[i], mask=fill)
+        plgpu.store(gone.at[jnp.where(tail, i, cap)], jnp.zeros(i.shape, jnp.uint8), mask=tail)
 
-    pl.when(scal[0] + pid * bw < scal[1])(run)
-
-
-def _place_kernel(scal, kept_words, kept_coeffs, kept_sins, words_in, coeffs_in, sins_in, words, coeffs, sins, *,
-                  lanes: int, bw: int, sins_on: bool):
-    """The staged words to [out, out + kept) of the buffers. scal = (out, kept, capacity)."""
-    del words_in, coeffs_in, sins_in
-    first = pl.program_id(0) * bw
-    j = first + jnp.arange(bw, dtype=jnp.int32)
-
-    def run():
-        ok = j < scal[1]
-        d = jnp.where(ok, scal[0] + j, scal[2])
-        at = jnp.where(ok, j, 0)
-        for k in range(2 * lanes):
-            plgpu.store(words.at[d, k], plgpu.load(kept_words.at[at, k], mask=ok, other=0), mask=ok)
-        plgpu.store(coeffs.at[d], plgpu.load(kept_coeffs.at[at], mask=ok, other=0), mask=ok)
-        if sins_on:
-            plgpu.store(sins.at[d], plgpu.load(kept_sins.at[at], mask=ok, other=0), mask=ok)
-
-    pl.when(first < scal[1])(run)
+    _over_tiles(n, tile, bw, lambda k, first: pl.when(first + bw > m)(lambda: run(k, first)))
 
 
-def compact(work, n, cfg, any_gone):
-    """tiled.compact by kernels (any_gone given): remove the gone words of [0, n) in order, clear `gone`;
-    (work, the new n). A tile's staying words are gathered into staging buffers (count, prefix sum,
-    gather), then placed at the front: in place, the blocks of one launch would overwrite words that
-    other blocks have yet to read."""
+def compact(work, n, cfg, gone_count):
+    """tiled.compact by kernels: remove the gone words of [0, n) and clear `gone`; (work, the new n).
+    Not in order: the staying words past the new end m = n - gone_count fill the holes below it, the r-th
+    of them the r-th hole, so only those words move (where the ordered compaction moved every word
+    past the first hole twice, through staging buffers: one H200, 8x8 Ising, 2026-11-28, 70 us of a
+    pass). Four launches: the holes and fillers of each block, their offsets, the holes' slots in order
+    (into `partner`, free after the mix), the fillers moved."""
     tile, bw = cfg.tile, block(cfg.tile)
     grid = (tile // bw,)
     lanes = work.words.shape[1] // 2
     cap = work.coeffs.shape[0]
-    sins_on = cfg.rules[3]
     interpret, params = _mode(cfg)
     call = partial(pl.pallas_call, grid=grid, compiler_params=params, interpret=interpret)
-    shape = lambda a, rows=None: jax.ShapeDtypeStruct((rows or a.shape[0],) + a.shape[1:], a.dtype)
+    m = n - gone_count
+    rows = (n + tile - 1) // tile
 
-    def body(k, carry):
-        work, out = carry
-        start = k * tile
-        counts = call(partial(_keep_count_kernel, bw=bw), out_shape=jax.ShapeDtypeStruct(grid, jnp.int32))(
-            _scalars(start, n), work.gone)
-        base, kept = offsets(counts[None], 1, 0, cfg)
-        kept_words, kept_coeffs, kept_sins, gone = call(
-            partial(_gather_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
-            out_shape=(shape(work.words, tile), shape(work.coeffs, tile), shape(work.sins, tile), shape(work.gone)),
-            input_output_aliases={5: 3})(_scalars(start, n, tile), base[0], work.words, work.coeffs, work.sins,
-                                         work.gone)
-        words, coeffs, sins = call(
-            partial(_place_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
-            out_shape=(shape(work.words), shape(work.coeffs), shape(work.sins)),
-            input_output_aliases={4: 0, 5: 1, 6: 2})(_scalars(out, kept, cap), kept_words, kept_coeffs, kept_sins,
-                                                     work.words, work.coeffs, work.sins)
-        return work._replace(words=words, coeffs=coeffs, sins=sins, gone=gone), out + kept
+    def move(_, work):
+        counts = call(partial(_hole_count_kernel, bw=bw, tile=tile),
+                      out_shape=jax.ShapeDtypeStruct((cap // tile,) + grid + (2,), jnp.int32))(_scalars(n, m), work.gone)
+        base, _ = offsets(counts, rows, 0, cfg)
+        gone, holes = call(partial(_holes_kernel, bw=bw, tile=tile),
+                           out_shape=(jax.ShapeDtypeStruct(work.gone.shape, work.gone.dtype),
+                                      jax.ShapeDtypeStruct(work.partner.shape, work.partner.dtype)),
+                           input_output_aliases={2: 0, 3: 1})(_scalars(m), base, work.gone, work.partner)
+        outs = (gone, work.words, work.coeffs, work.sins)
+        gone, words, coeffs, sins = call(
+            partial(_fill_kernel, lanes=lanes, bw=bw, tile=tile, sins_on=cfg.rules[3]),
+            out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs),
+            input_output_aliases={3 + k: k for k in range(4)})(_scalars(n, m, cap), base, holes, *outs)
+        return work._replace(gone=gone, words=words, coeffs=coeffs, sins=sins, partner=holes)
 
-    tiles = jnp.where(any_gone, (n + tile - 1) // tile, 0)
-    work, out = lax.fori_loop(0, tiles, body, (work, jnp.int32(0)))
-    return work, jnp.where(any_gone, out, n)
+    work = lax.fori_loop(0, jnp.where(gone_count > 0, 1, 0), move, work)  # no launch where nothing is gone
+    return work, m
 
 
 # ---- a Clifford run, gate by gate -----------------------------------------------------------------------

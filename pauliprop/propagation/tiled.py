@@ -14,7 +14,7 @@ A rotation by G turns the words P that anticommute with it: P -> cos(a) P + sin(
 i G P = s (P xor G). P meets only its partner P xor G, which anticommutes too, so a pass pairs its
 turning words through a hash table of their canonical members (pairing.py, no sort), mixes each
 pair in place, appends the partners that were missing behind the prefix, and removes what the
-truncation drops by a stable compaction. A layer of rotations on disjoint qubits runs in passes:
+truncation drops by a compaction. A layer of rotations on disjoint qubits runs in passes:
 pass j turns each word by the j-th rotation of the layer it anticommutes with. The rotations a
 word anticommutes with are the same for every word its rotations reach (its fiber), so each fiber
 sees the layer's rotations in order and the per-term rules drop what they drop gate by gate; a
@@ -129,10 +129,11 @@ def _with_charge(dropped, charge):
     return dropped.at[:3].add(charge.astype(dropped.dtype))
 
 
-def compact(work: Work, n, cfg: Config, any_gone=None):
-    """Remove the gone words of the prefix [0, n), keeping the order of the rest; clears `gone`.
-    Returns (work, the new n). In place: every word moves towards the front. Where nothing is gone
-    the loop runs no tile. (No lax.cond around a loop that scatters into the buffers: XLA:CPU then
+def compact(work: Work, n, cfg: Config, gone_count=None):
+    """Remove the gone words of the prefix [0, n) (gone_count of them: counted here when None); clears
+    `gone`. Returns (work, the new n). In place: every word moves towards the front, in order (the GPU's
+    kernels instead move the staying words past the new end into the holes: fused.compact). Where nothing
+    is gone the loop runs no tile. (No lax.cond around a loop that scatters into the buffers: XLA:CPU then
     copies every buffer at every iteration; a loop of zero trips costs nothing.)"""
     tile = cfg.tile
 
@@ -149,13 +150,19 @@ def compact(work: Work, n, cfg: Config, any_gone=None):
                              sins=work.sins.at[dest].set(s, mode="drop"))
         return work, out + _count(keep)
 
-    if any_gone is None:
+    if gone_count is None:
         wt = cfg.word_tile
-        any_gone = over_tiles(n, wt, lambda s, c: c | jnp.any(gone_at(work.gone, s, wt)), jnp.bool_(False))
+        gone_count = over_tiles(n, wt, lambda s, c: c + _count(valid_gone(work.gone, s, wt, n)), jnp.int32(0))
     if cfg.fused:
-        return fused.compact(work, n, cfg, any_gone)
+        return fused.compact(work, n, cfg, gone_count)
+    any_gone = gone_count > 0
     work, out = over_tiles(jnp.where(any_gone, n, 0), tile, body, (work, jnp.int32(0)))
     return work, jnp.where(any_gone, out, n)
+
+
+def valid_gone(gone, start, tile: int, n):
+    """The tile's gone flags of live words (below n)."""
+    return gone_at(gone, start, tile) & (start + jnp.arange(tile) < n)
 
 
 def _tile_rules(work: Work, n, limits: Limits, cfg: Config, dropped):
@@ -401,7 +408,7 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
                                pairing.pair(s.work, s.n, turn, cfg))
         work, need, added, dropped, gone = (fused.mix if cfg.fused else _mix)(work, s.n, layer, rules, s.dropped,
                                                                               turning, cfg)
-        work, n = compact(work, s.n + added, cfg, gone > 0)
+        work, n = compact(work, s.n + added, cfg, gone)
         peak = jnp.maximum(s.peak, n)
         stepped = jnp.where(need > 0, s.step, s.step + 1)
         return s._replace(work=work, n=n, step=stepped, need=need, dropped=dropped, peak=peak), most
