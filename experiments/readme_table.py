@@ -39,7 +39,7 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "native_peers_h200_2026-11-28_offsets.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
+    f = "native_peers_h200_2026-11-28_holes.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))
