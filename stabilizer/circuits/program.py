@@ -72,6 +72,13 @@ def bucket(k: int) -> int:
     return 1 << max(0, (k - 1).bit_length())
 
 
+def fine_bucket(k: int) -> int:
+    """k rounded up to three significant bits (8, 9, 10, ..., 16, 18, ...): sizes that cost work in
+    every op (slots, output rows) padded by at most 1/8, with few distinct values per doubling."""
+    step = 1 << max(0, k.bit_length() - 3)
+    return -(-k // step) * step
+
+
 def noise_probabilities(ins: CircuitInstruction) -> np.ndarray:
     """A noise channel as probabilities of the 15 disjoint Pauli events of PAIRS (one-qubit channels
     use XI, YI, ZI: the Pauli on the target, identity on no second target)."""
@@ -541,6 +548,116 @@ def run_segments(structure, tables, carry, ops, key, read=None, write=None):
             carry = lax.fori_loop(0, count, lambda i, c, inner=inner, table=table:
                                   run_segments(inner, table, c, ops, key, read, write), carry)
     return carry
+
+
+# ---- one table for a whole program (the frames' scan on CPUs) ---------------------------------------
+
+LOOP_FIELDS = ("loop_level", "loop_start", "loop_count")
+_SLOT_FIELDS = ("q", "gate", "rec", "invert", "reset", "px", "pz", "active")  # (ops, slots, ...) arrays
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A program as one op table run by `run_flat`: every segment's rows in order, a repeat's body once
+    followed by a loop row (an identity GATE op whose loop fields send the runner back to the body's
+    first row `loop_count` times; loop_level -1 on other rows), padded with identity rows. Sizes are
+    bucketed, so circuits of similar size share one compiled program, and everything that differs
+    between them (gates, targets, probabilities, repeat counts, the number of rows) is data:
+
+      rows      table rows (a power of two; `ops` of them run)
+      width     slots an op (`fine_bucket`)
+      qubits    frame rows, the spare (last row) included (a power of two)
+      records   record rows, the zero row (last) included (a power of two)
+      depth     loop nesting levels (a power of two)"""
+
+    table: dict
+    ops: int
+    depth: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.table["kind"])
+
+    @property
+    def width(self) -> int:
+        return self.table["q"].shape[1]
+
+
+def flatten(structure, tables, num_qubits: int, num_measurements: int) -> tuple[Flat, int, int]:
+    """(Flat, qubit rows, record rows) of a program's segments (`Program.structure()` and `tables()`,
+    numpy or concrete arrays; no Runs). The lowering's spare qubit `num_qubits` becomes the last of the
+    bucketed qubit rows."""
+    qubits, records = bucket(num_qubits + 1), bucket(num_measurements + 1)
+    pieces: list[dict] = []
+    depth = 0
+
+    def walk(structure, tables, level):
+        nonlocal depth
+        for shape, table in zip(structure, tables):
+            if shape == "table":
+                pieces.append({k: np.asarray(v) for k, v in table.items()})
+                continue
+            if shape[0] != "repeat":
+                raise ValueError(f"a flat program has no {shape[0]} segments (lower it without runs)")
+            depth = max(depth, level + 1)
+            start = sum(len(p["kind"]) for p in pieces)
+            walk(shape[2], table, level + 1)
+            pieces.append({"loop": (level, start, shape[1])})
+
+    walk(structure, tables, 0)
+    width = fine_bucket(max([1] + [p["q"].shape[1] for p in pieces if "q" in p]))
+    ops = sum(1 if "loop" in p else len(p["kind"]) for p in pieces)
+    rows = bucket(max(ops, 1))
+    blank = _table([], width, qubits - 1)
+    out = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in blank.items()}
+    out["q"][:], out["rec"][:] = qubits - 1, -1
+    for name in LOOP_FIELDS:
+        out[name] = np.full(rows, -1 if name == "loop_level" else 0, np.int32)
+    at = 0
+    for p in pieces:
+        if "loop" in p:
+            out["loop_level"][at], out["loop_start"][at], out["loop_count"][at] = p["loop"]
+            at += 1
+            continue
+        n, k = len(p["kind"]), p["q"].shape[1]
+        for name, value in p.items():
+            if name == "q":
+                value = np.where(value == num_qubits, qubits - 1, value)
+            if name in _SLOT_FIELDS:
+                out[name][at:at + n, :k] = value
+            else:
+                out[name][at:at + n] = value
+        at += n
+    return Flat(out, ops, bucket(depth) if depth else 0), qubits, records
+
+
+def run_flat(table, ops, depth: int, carry, step_ops, key, read=None, write=None):
+    """`run_segments` for a Flat program: one `lax.while_loop` over its rows, whose step runs row `pc`
+    (the op-kind switch, as run_segments' scan step) and then moves `pc` on, or back to a loop's first
+    row while the loop's counter (one a nesting level) is short of its count. One step body for the
+    whole program, whatever its repeats: compile time does not grow with the circuit's structure."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    read = read or (lambda c, row: c)
+    write = write or (lambda c, row, result: result)
+
+    def body(state):
+        pc, loops, c = state
+        row = {name: a[pc] for name, a in table.items()}
+        result = lax.switch(row["kind"], step_ops, read(c, row), row, jax.random.fold_in(key, c.counter))
+        c = write(c, row, result)._replace(counter=c.counter + 1)
+        if depth == 0:
+            return pc + 1, loops, c
+        level = jnp.maximum(row["loop_level"], 0)
+        done = loops[level] + 1
+        again = (row["loop_level"] >= 0) & (done < row["loop_count"])
+        loops = jnp.where(row["loop_level"] >= 0, loops.at[level].set(jnp.where(again, done, 0)), loops)
+        return jnp.where(again, row["loop_start"], pc + 1), loops, c
+
+    state = (jnp.zeros((), jnp.int32), jnp.zeros(max(depth, 1), jnp.int32), carry)
+    return lax.while_loop(lambda s: s[0] < ops, body, state)[2]
 
 
 def _detector_indices(circuit: Circuit) -> tuple[list[list[int]], list[list[int]]]:

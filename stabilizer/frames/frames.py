@@ -18,10 +18,15 @@ shot, compared and packed, took 54 of the 76 ms of the d = 17 frame program on a
 sparse draw is 300x cheaper at 1e-3 and still 2x at 1/4). The bit-sliced comparison of 32 random
 words against p's binary digits was the alternative: branch-free, but it needs about 30 + log2(1/p)
 random words per word for 1e-9 relative accuracy, more than the dense draw it replaces. Static shapes
-make the sparse draw take a fixed budget of gaps (`flip_budget`), with an exact dense fallback for
-the rest of a row in the rare event the budget runs out; probabilities above the program's sparse
-limit (`noise_limits`) are drawn densely. All draws are exact to float64 rounding (the frame
-program runs under jax.enable_x64), not quantised to 2^-32.
+make the sparse draw take gaps in rounds of a fixed budget (`flip_budget` at ROUND_RATE, whatever the
+probability), as many rounds as the row needs: the compiled program does not depend on the
+probabilities, so a sweep over p compiles nothing new. Probabilities above SPARSE_MAX are drawn
+densely, code for which is compiled only where a program has one. All draws are exact to float64
+rounding (the frame program runs under jax.enable_x64), not quantised to 2^-32.
+
+On CPUs a lowered program runs as one table (`stabilizer.circuits.program.flatten`): one while loop
+whose step is the op-kind switch below, with sizes bucketed, so that circuits of similar size (a
+sweep over the distance within a bucket, or over noise strengths) share one compiled program.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..circuits.program import CORRELATED, MEASURE, MPAD, NOISE, gate_catalogue, pair_codes, run_segments
+from ..circuits.program import CORRELATED, MEASURE, MPAD, NOISE, flatten, gate_catalogue, pair_codes, run_flat
 from ..tableau import kernels
 from ..tableau.kernels import pack
 from . import frame_kernel
@@ -56,7 +61,10 @@ def random_bits(key, shape) -> jax.Array:
 
 # ---- noise: which bit positions an event hits, and which event ------------------------------------
 
-SPARSE_MAX = 0.5  # probabilities above it are always drawn densely
+SPARSE_MAX = 0.5  # probabilities above it are drawn densely
+# A sparse draw's round makes room for the flips of this rate (mean + 8 sigma): one round at p <= 1e-3,
+# ten at 1e-2; a round's cost is its budget's draws, so a larger rate would slow the common case.
+ROUND_RATE = 2.0**-10
 FLIP = np.array([1], np.uint32)  # the event codes of a lone flip (one event, one plane)
 PAIR_EVENTS = pair_codes()[:15]  # the 15 two-qubit Pauli events, code x_a | z_a << 1 | x_b << 2 | z_b << 3
 
@@ -94,19 +102,13 @@ def noise_masks(key, probs, codes: np.ndarray, shape: tuple, draw: Draw | None) 
     none = jnp.zeros((planes,) + shape, jnp.uint32)
     if draw is None:
         return none
-    bits = 32 * math.prod(shape)
     total = jnp.cumsum(probs)[-1]
     k_sparse, k_dense = jax.random.split(key)
     hits = none
     if draw.sparse > 0:
-        budget = flip_budget(bits, draw.sparse)
-        hits, start = lax.cond((total > 0) & (total <= draw.sparse),
-                               lambda: _sparse(k_sparse, probs, codes, shape, budget),
-                               lambda: (none, jnp.asarray(bits, jnp.int64)))
-        # the rest of a row after the budget ran out (below 1e-10 a draw), one row at a time: this
-        # branch almost never runs, but its buffers count in every chunk's memory
-        hits = hits | lax.cond(start < bits, lambda: _dense_by_rows(k_dense, probs, codes, shape) & _from(start, shape),
-                               lambda: none)
+        budget = flip_budget(32 * math.prod(shape), ROUND_RATE)
+        hits = lax.cond((total > 0) & (total <= draw.sparse), lambda: _sparse(k_sparse, probs, codes, shape, budget),
+                        lambda: none)
     if draw.dense:
         hits = hits | lax.cond(total > draw.sparse, lambda: _dense(k_dense, probs, codes, shape), lambda: none)
     return hits
@@ -115,13 +117,6 @@ def noise_masks(key, probs, codes: np.ndarray, shape: tuple, draw: Draw | None) 
 def _planes(code, planes: int):
     """(..., 32) event codes -> (planes, ...) packed words, bit b of the code in plane b."""
     return jnp.stack([pack((code >> b) & 1) for b in range(planes)])
-
-
-def _from(start, shape):
-    """Words of `shape` with the bit positions >= start set (position 32 w + j is bit j of flat word w)."""
-    w = jnp.arange(math.prod(shape), dtype=jnp.int64).reshape(shape)
-    partial_word = ~jnp.uint32(0) << (start % 32).astype(jnp.uint32)
-    return jnp.where(w > start // 32, ~jnp.uint32(0), jnp.where(w == start // 32, partial_word, jnp.uint32(0)))
 
 
 def _events(key, probs, shape):
@@ -139,70 +134,50 @@ def _dense(key, probs, codes, shape):
     return _planes(jnp.asarray(np.append(codes, 0))[event], int(codes.max()).bit_length())
 
 
-def _dense_by_rows(key, probs, codes, shape):
-    """`_dense`, one row (leading index) at a time: the same distribution in 1/rows of the memory, for
-    the fallback that almost never runs but whose buffers every chunk's budget would have to hold."""
-    if len(shape) < 2:
-        return _dense(key, probs, codes, shape)
-    rows = lax.map(lambda k: _dense(k, probs, codes, shape[1:]), jax.random.split(key, shape[0]))
-    return jnp.moveaxis(rows, 0, 1)
-
-
 def _sparse(key, probs, codes, shape, budget: int):
     """Stim's geometric skipping with static shapes: the gaps between hit positions are Geometric(total),
-    floor(log(1 - u) / log(1 - total)); `budget` gaps are drawn, each hit takes its event, and the hits
-    are scattered into the words (distinct bits of a word add as OR). Returns (hits, start): if the
-    budget ends inside the row (probability below 1e-10), start is the position after the last hit,
-    and the caller draws the positions from there densely: exact, as the gaps are memoryless. Else
-    start is the row's length. Cost: about 32 * total draws a word instead of 32."""
-    k_gaps, k_events = jax.random.split(key)
+    floor(log(1 - u) / log(1 - total)); a round draws `budget` gaps from where the last round ended,
+    each hit takes its event, and the hits are scattered into the words (distinct bits of a word add
+    as OR); rounds go on until the row has ended (one round almost always where the budget was sized
+    for the probability: exact either way, as the gaps are memoryless). Cost: about 32 * total draws a
+    word instead of 32, and at least one round's budget."""
     words = math.prod(shape)
     bits = 32 * words
     planes = int(codes.max()).bit_length()
-    u = uniform64(k_gaps, (budget,))
-    gaps = jnp.minimum(jnp.floor(jnp.log1p(-u) / jnp.log1p(-jnp.cumsum(probs)[-1])), bits).astype(jnp.int64)
-    pos = jnp.cumsum(gaps + 1) - 1  # increasing; past the row once it has ended
-    code = jnp.asarray(codes)[_events(k_events, probs, (budget,))] if len(codes) > 1 else jnp.full(budget, codes[0])
-    payload = ((code >> jnp.arange(planes, dtype=jnp.uint32)[:, None]) & 1) << (pos % 32).astype(jnp.uint32)
-    hits = jnp.zeros((planes, words), jnp.uint32).at[:, pos // 32].add(payload, mode="drop")
-    return hits.reshape((planes,) + shape), jnp.minimum(pos[-1] + 1, bits)
+    log1mp = jnp.log1p(-jnp.cumsum(probs)[-1])
+
+    def draw_round(state):
+        hits, start, r = state
+        k_gaps, k_events = jax.random.split(jax.random.fold_in(key, r))
+        u = uniform64(k_gaps, (budget,))
+        gaps = jnp.minimum(jnp.floor(jnp.log1p(-u) / log1mp), bits).astype(jnp.int64)
+        pos = start + jnp.cumsum(gaps + 1) - 1  # increasing; past the row once it has ended
+        code = jnp.asarray(codes)[_events(k_events, probs, (budget,))] if len(codes) > 1 else jnp.full(budget, codes[0])
+        payload = ((code >> jnp.arange(planes, dtype=jnp.uint32)[:, None]) & 1) << (pos % 32).astype(jnp.uint32)
+        return hits.at[:, pos // 32].add(payload, mode="drop"), jnp.minimum(pos[-1] + 1, bits), r + 1
+
+    start = (jnp.zeros((planes, words), jnp.uint32), jnp.zeros((), jnp.int64), jnp.zeros((), jnp.uint32))
+    hits, _, _ = lax.while_loop(lambda s: s[1] < bits, draw_round, start)
+    return hits.reshape((planes,) + shape)
 
 
 NOISY_KINDS = (MEASURE, NOISE, CORRELATED, MPAD)  # the op kinds that draw noise
 
 
-def noise_limits(structure, tables) -> tuple:
-    """Per op kind, how a lowered program (numpy tables) draws its noise (`Draw`: the largest
-    probability drawn sparsely, 0.0 where every draw is dense, and whether any is): None where the
-    kind draws nothing (every probability 0, or no such op).
-
-    A sparse draw's budget, so its cost, follows the limit (about 2 * limit dense draws: 1/300 of one
-    at 1e-3, 1/2 at 1/4, measured on a CPU), so one large probability should not size every draw: per
-    kind, the limit is the candidate that minimises the summed cost, each op weighted by its runs."""
-    runs: list[dict[float, int]] = [{} for _ in range(MPAD + 1)]
-
-    def walk(structure, tables, times):
-        for shape, table in zip(structure, tables):
-            if shape != "table":
-                walk(shape[2], table, times * shape[1])
-                continue
-            kind, probs = np.asarray(table["kind"]), np.asarray(table["probs"], np.float64)
-            total = np.where(kind == NOISE, probs.sum(1), probs[:, 0])
-            for k, p in zip(kind.tolist(), total.tolist()):
-                if k in NOISY_KINDS and p > 0:
-                    runs[k][p] = runs[k].get(p, 0) + times
-
-    walk(structure, tables, 1)
-
-    def limit(kind_runs):
-        if not kind_runs:
-            return None
-        cost = lambda limit: sum(n * (2 * limit if p <= limit else 1.0) for p, n in kind_runs.items())
-        best = min([0.0] + [p for p in kind_runs if p <= SPARSE_MAX], key=cost)
-        best *= 1 + 1e-9  # the device may sum the probabilities in another order
-        return Draw(best, any(p > best for p in kind_runs))
-
-    return tuple(limit(r) for r in runs)
+def noise_limits(table) -> tuple:
+    """Per op kind, how a program's op table (numpy: a Flat's, or any lowered table) draws its noise: a
+    `Draw` that draws up to SPARSE_MAX sparsely and, where the kind has a larger probability, densely;
+    None where the kind draws nothing (every probability 0, or no such op). It depends on the
+    probabilities only through those two tests, so circuits that differ in their noise strengths
+    share a compiled program."""
+    kind, probs = np.asarray(table["kind"]), np.asarray(table["probs"], np.float64)
+    total = np.where(kind == NOISE, probs.sum(1), probs[:, 0])
+    limits = []
+    for k in range(MPAD + 1):
+        p = total[(kind == k) & (total > 0)] if k in NOISY_KINDS else total[:0]
+        # the device may sum the probabilities in another order: its sparse test has room for rounding
+        limits.append(Draw(SPARSE_MAX * (1 + 1e-9), bool(np.any(p > SPARSE_MAX))) if p.size else None)
+    return tuple(limits)
 
 
 # ---- a lowered program (stabilizer.circuits.program) over all shots of a chunk --------------------
@@ -323,22 +298,25 @@ _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad
 
 def run_program(structure, tables, key, num_qubits: int, num_measurements: int, words: int, kernel: str = "auto",
                 limits: tuple | None = None):
-    """Frames of `32 * words` shots through a lowered program. Returns the record flips (M + 1, words),
-    the last row zero (the parity of no measurement, for the detector and observable tables).
-    kernel: "auto" (on GPUs the Pallas kernel of `frame_kernel`, one launch an op table; elsewhere the
-    scan below), "jax", "pallas" or "interpret" (the kernel run by Pallas's interpreter: tests).
-    limits: as `noise_limits` (None: computed from the tables; the kernel draws every noise sparsely).
-    Runs under jax.enable_x64: the noise draws need float64 whatever the global setting (pass tables
-    converted under it, or numpy)."""
-    if limits is None:
-        limits = noise_limits(structure, tables)
+    """Frames of `32 * words` shots through a lowered program's segments. Returns the record flips
+    (M + 1, words), the last row zero (the parity of no measurement, for the detector and observable
+    tables). kernel: "auto" (on GPUs the Pallas kernel of `frame_kernel`, one launch an op table;
+    elsewhere the flat program's loop below), "jax", "pallas" or "interpret" (the kernel run by
+    Pallas's interpreter: tests). limits: as `noise_limits` of the flat table (None: computed; the
+    kernel draws every noise sparsely). Runs under jax.enable_x64: the noise draws need float64
+    whatever the global setting (pass tables converted under it, or numpy)."""
+    engine = frame_engine(kernel, words)
     with jax.enable_x64(True):
-        return _run_program(structure, tables, key, num_qubits, num_measurements, words,
-                            frame_engine(kernel, words), limits)
+        if engine != "jax":
+            return _run_kernel(structure, tables, key, num_qubits, num_measurements, words, engine)
+        flat, qubits, records = flatten(structure, tables, num_qubits, num_measurements)
+        limits = noise_limits(flat.table) if limits is None else limits
+        record = _run_flat(flat.table, flat.ops, key, qubits, records, flat.depth, words, limits)
+        return record[:num_measurements + 1]
 
 
 def frame_engine(kernel: str, words: int) -> str:
-    """What runs frames of `words` words: "jax" (the scan), "pallas" or "interpret" (`frame_kernel`)."""
+    """What runs frames of `words` words: "jax" (the flat loop), "pallas" or "interpret" (`frame_kernel`)."""
     return kernels.kernel_mode(kernel, words) if frame_kernel.block_words(words) else "jax"
 
 
@@ -350,23 +328,35 @@ def frame_engine(kernel: str, words: int) -> str:
 # surface code's program ran from the host (48 more waits on the device: 7.7-8.1 ms warm for 1e5
 # shots against 5.9-6.1 ms with 1; d = 17 29.3 against 28.5-28.8 ms; H100, jax 0.11.2, 2026-11-25).
 COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_graph_min_graph_size": 1}
-STATIC = ("structure", "num_qubits", "num_measurements", "words", "kernel", "limits")
+FLAT_STATIC = ("qubits", "records", "depth", "words", "limits")
+KERNEL_STATIC = ("structure", "num_qubits", "num_measurements", "words", "kernel")
 
 
-def program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits):
-    """`run_program`'s body, to trace inside a larger program (under jax.enable_x64)."""
-    # every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)
-    f = Frames(jnp.zeros((num_qubits + 1, words), jnp.uint32),
-               random_bits(jax.random.fold_in(key, 2**32 - 1), (num_qubits + 1, words)))
-    record = jnp.zeros((num_measurements + 1, words), jnp.uint32)
-    if kernel != "jax":
-        return frame_kernel.run_segments(structure, tables, f.x, f.z, record, jax.random.key_data(key)[..., :2],
-                                         interpret=kernel == "interpret")
-    carry = _Carry(f, record, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
-    ops = list(_OPS)
+def _initial(key, qubits: int, words: int) -> Frames:
+    """Every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)."""
+    return Frames(jnp.zeros((qubits, words), jnp.uint32), random_bits(jax.random.fold_in(key, 2**32 - 1), (qubits, words)))
+
+
+def flat_record(table, ops, key, qubits: int, records: int, depth: int, words: int, limits):
+    """The record (records, words) of a Flat program (`stabilizer.circuits.program.flatten`; frames of
+    `qubits` rows, the spare last) run by the op rules above, to trace inside a larger program (under
+    jax.enable_x64). Rows past the program's measurements stay zero."""
+    carry = _Carry(_initial(key, qubits, words), jnp.zeros((records, words), jnp.uint32), jnp.zeros((), jnp.int32),
+                   jnp.zeros((), jnp.uint32), jnp.zeros(words, jnp.uint32))
+    ops_ = list(_OPS)
     for kind in NOISY_KINDS:
-        ops[kind] = partial(_OPS[kind], draw=limits[kind])
-    return run_segments(structure, tables, carry, ops, key, read=_read, write=_write).record
+        ops_[kind] = partial(_OPS[kind], draw=limits[kind])
+    return run_flat(table, ops, depth, carry, ops_, key, read=_read, write=_write).record
 
 
-_run_program = jax.jit(program_record, static_argnames=STATIC, compiler_options=COMPILER_OPTIONS)
+def kernel_record(structure, tables, key, num_qubits, num_measurements, words, kernel):
+    """The record (M + 1, words) of a program's segments run by `frame_kernel` (GPUs; "interpret": its
+    interpreter), to trace inside a larger program (under jax.enable_x64)."""
+    f = _initial(key, num_qubits + 1, words)
+    record = jnp.zeros((num_measurements + 1, words), jnp.uint32)
+    return frame_kernel.run_segments(structure, tables, f.x, f.z, record, jax.random.key_data(key)[..., :2],
+                                     interpret=kernel == "interpret")
+
+
+_run_flat = jax.jit(flat_record, static_argnames=FLAT_STATIC, compiler_options=COMPILER_OPTIONS)
+_run_kernel = jax.jit(kernel_record, static_argnames=KERNEL_STATIC, compiler_options=COMPILER_OPTIONS)

@@ -105,22 +105,31 @@ def _outputs(record, idx, invert, bit_packed: bool):
     return shot_major(transpose_words(rows), idx.shape[0], 32 * record.shape[1], bit_packed)
 
 
-@partial(jax.jit, static_argnames=frames.STATIC + ("bit_packed",), compiler_options=frames.COMPILER_OPTIONS)
-def _chunk(structure, tables, key, counters, outputs, num_qubits, num_measurements, words, kernel, limits,
-           bit_packed):
+@partial(jax.jit, static_argnames=("engine", "words", "limits", "bit_packed"), compiler_options=frames.COMPILER_OPTIONS)
+def _chunk(engine, program, key, counters, outputs, words, limits, bit_packed):
     """One chunk of shots in one program (one dispatch): its key (the sampler's key folded with the call
     count, then the chunk's first shot: counters (2,) uint32, one transfer), the frames' record, and the
-    outputs (idx, invert) in Stim's layout for every shot of the chunk (padding included)."""
+    outputs (idx, invert) in Stim's layout for every shot of the chunk (padding included). engine:
+    ("flat", qubits, records, depth) with program (table, ops) of a Flat program, or ("kernel",
+    structure, num_qubits, num_measurements, records, mode) with the program's tables; the record has
+    `records` rows either way, the last one zero."""
     key = jax.random.fold_in(jax.random.fold_in(key, counters[0]), counters[1])
-    record = frames.program_record(structure, tables, key, num_qubits, num_measurements, words, kernel, limits)
+    if engine[0] == "flat":
+        _, qubits, records, depth = engine
+        table, ops = program
+        record = frames.flat_record(table, ops, key, qubits, records, depth, words, limits)
+    else:
+        _, structure, num_qubits, num_measurements, records, mode = engine
+        record = frames.kernel_record(structure, program, key, num_qubits, num_measurements, words, mode)
+        record = jnp.pad(record, ((0, records - record.shape[0]), (0, 0)))
     return [_outputs(record, idx, invert, bit_packed) for idx, invert in outputs]
 
 
-@partial(jax.jit, static_argnames=("shots",))
-def _leading_rows(parts, shots: int):
-    """The first `shots` rows of each of a chunk's outputs, in one dispatch (an eager slice of each cost
-    about 0.15 ms of a 1 ms d = 5, 1e5-shot sample on an H100)."""
-    return [p[:shots] for p in parts]
+@partial(jax.jit, static_argnames=("shapes",))
+def _leading(parts, shapes: tuple):
+    """The leading (shots, columns) block of each of a chunk's outputs, in one dispatch (an eager slice of
+    each cost about 0.15 ms of a 1 ms d = 5, 1e5-shot sample on an H100)."""
+    return [p[:rows, :cols] for p, (rows, cols) in zip(parts, shapes)]
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -170,7 +179,7 @@ def _copy_into(outs, start, n, parts):
     sample on an H100's host, as long as the rest of the call; np.asarray of the page-locked chunk is
     a view, 0.03 ms). The outputs stay ordinary writable arrays, as Stim's are."""
     for o, p in zip(outs, parts):
-        src, dst = np.asarray(p)[:n], o[start:start + n]
+        src, dst = np.asarray(p)[:n, :o.shape[1]], o[start:start + n]
         pieces = min(_COPY_THREADS, dst.nbytes // _COPY_PIECE_BYTES)
         if pieces <= 1:
             dst[...] = src
@@ -189,8 +198,11 @@ def _copy_threads() -> ThreadPoolExecutor:
 
 
 def _index_table(lists: list[list[int]], zero_row: int) -> np.ndarray:
-    width = max([1] + [len(ix) for ix in lists])
-    idx = np.full((len(lists), width), zero_row, np.int32)
+    """Rows of record indices, one a list, padded with `zero_row` to bucketed sizes (rows by
+    `fine_bucket`, columns by `bucket`): outputs of similar size share the compiled program, and the
+    padding rows are zero bits that the samplers cut off."""
+    width = program.bucket(max([1] + [len(ix) for ix in lists]))
+    idx = np.full((program.fine_bucket(max(1, len(lists))), width), zero_row, np.int32)
     for i, ix in enumerate(lists):
         idx[i, :len(ix)] = ix
     return idx
@@ -216,11 +228,35 @@ class _Sampler:
         self.program = program.lowered(self.circuit)
         self._structure = self.program.structure()
         tables = self.program.tables()
-        self._limits = frames.noise_limits(self._structure, tables)
+        flat, self._qubit_rows, self._record_rows = program.flatten(self._structure, tables, self.program.num_qubits,
+                                                                    self.program.num_measurements)
+        self._limits = frames.noise_limits(flat.table)
+        self._depth, self._ops = flat.depth, flat.ops
         with jax.enable_x64(True):  # float64 noise probabilities, whatever the global setting
-            self._tables = jax.tree_util.tree_map(jnp.asarray, tables)
+            self._flat = jax.tree_util.tree_map(jnp.asarray, flat.table)
+            self._tables = None  # the segments' tables, for frame_kernel (converted when first used)
+        self._tables_np = tables
         self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
         self._calls = 0
+
+    def _output_table(self, lists: list[list[int]], invert=None) -> tuple:
+        """(index table, invert, rows) of an output: XORs of the listed record rows (`_index_table`),
+        flipped where invert; `rows` of the padded table's rows are real."""
+        idx = _index_table(lists, self._record_rows - 1)
+        flips = np.zeros(len(idx), bool)
+        flips[:len(lists)] = False if invert is None else invert
+        return jnp.asarray(idx), jnp.asarray(flips), len(lists)
+
+    def _engine(self, words: int):
+        """(static engine, program data) of `_chunk` for frames of `words` words."""
+        mode = frames.frame_engine("auto", words)
+        if mode == "jax":
+            return ("flat", self._qubit_rows, self._record_rows, self._depth), (self._flat, self._ops)
+        if self._tables is None:
+            with jax.enable_x64(True):
+                self._tables = jax.tree_util.tree_map(jnp.asarray, self._tables_np)
+        prog = self.program
+        return ("kernel", self._structure, prog.num_qubits, prog.num_measurements, self._record_rows, mode), self._tables
 
     def _budget_words(self) -> int:
         """Words (of 32 shots) in a full chunk: the largest power of two whose working set fits the chunk
@@ -233,8 +269,8 @@ class _Sampler:
         prog = self.program
         dense = any(d is not None and d.dense for d in self._limits)
         per_slot = 0 if frames.frame_engine("auto", 128) != "jax" else 160 if dense else 32
-        per_word = 4 * (2 * (prog.num_qubits + 1) + prog.num_measurements + 1 + per_slot * prog.width + 160
-                        + 3 * self._out_rows)
+        per_word = 4 * (2 * self._qubit_rows + self._record_rows + per_slot * program.fine_bucket(prog.width) + 160
+                        + 3 * program.fine_bucket(self._out_rows))
         return 1 << (max(1, _chunk_bytes() // per_word).bit_length() - 1)
 
     def _plan(self, shots: int) -> list[tuple[int, int, int]]:
@@ -248,24 +284,24 @@ class _Sampler:
         return [(start, min(32 * words, shots - start), words) for start in range(0, shots, 32 * words)]
 
     def _chunks(self, plan, outputs, bit_packed: bool):
-        """Yield (first shot, shots in chunk, the chunk's outputs) chunk by chunk."""
-        prog = self.program
+        """Yield (first shot, shots in chunk, the chunk's outputs, padded columns included) chunk by chunk."""
         self._calls += 1
         for start, n, words in plan:
+            engine, data = self._engine(words)
             with jax.enable_x64(True):  # the noise draws' float64 (the tables were converted under it)
-                parts = _chunk(self._structure, self._tables, self._key, np.array([self._calls, start], np.uint32),
-                               outputs, prog.num_qubits, prog.num_measurements, words,
-                               frames.frame_engine("auto", words), self._limits, bit_packed)
+                parts = _chunk(engine, data, self._key, np.array([self._calls, start], np.uint32), outputs, words,
+                               self._limits, bit_packed)
             yield start, n, parts
 
     def _sample(self, shots: int, tables, bit_packed: bool, on_device: bool):
-        """One array per (idx, invert) of `tables`: those output rows of every shot, in Stim's layout."""
+        """One array per (idx, invert, rows) of `tables`: those output rows of every shot, in Stim's
+        layout (the chunks' padding columns cut off)."""
         if not isinstance(shots, (int, np.integer)) or isinstance(shots, bool) or shots < 0:
             raise ValueError(f"shots must be a non-negative int, got {shots!r}")
-        shapes = [(shots, -(-len(idx) // 8) if bit_packed else len(idx)) for idx, _ in tables]
+        shapes = [(shots, -(-rows // 8) if bit_packed else rows) for _, _, rows in tables]
         dtype = np.uint8 if bit_packed else np.bool_
         plan = self._plan(shots)
-        chunks = self._chunks(plan, tables, bit_packed)
+        chunks = self._chunks(plan, [(idx, invert) for idx, invert, _ in tables], bit_packed)
         if on_device:  # chunks (whole, padding shots included) go into one output each, cut to the shots once
             if not plan:
                 return [jnp.zeros(s, dtype) for s in shapes]
@@ -273,13 +309,15 @@ class _Sampler:
             outs = None
             for start, n, parts in chunks:
                 if len(plan) == 1:  # a whole chunk is returned as it is, or cut to the shots in one dispatch
-                    return parts if parts[0].shape[0] == shots else _leading_rows(parts, shots)
+                    same = all(p.shape == s for p, s in zip(parts, shapes))
+                    return parts if same else _leading(parts, tuple(shapes))
                 outs = [_place(o, p, start) for o, p in
                         zip(outs or [jnp.zeros((padded,) + p.shape[1:], dtype) for p in parts], parts)]
-            return [o[:shots] for o in outs]
-        if len(plan) == 1:  # one chunk: its host buffers become the outputs, uncopied
+            return _leading(outs, tuple(shapes))
+        if len(plan) == 1:  # one chunk: its host buffers become the outputs, uncopied where no column is cut
             (start, n, parts), = chunks
-            return [_host_rows(_start_host_copy(p), n) for p in parts]
+            outs = [_host_rows(_start_host_copy(p), n) for p in parts]
+            return [o if o.shape == s else np.ascontiguousarray(o[:, :s[1]]) for o, s in zip(outs, shapes)]
         outs = [np.empty(s, dtype) for s in shapes]
         previous = None
         for start, n, parts in chunks:  # advancing the generator dispatches the next chunk before this one is copied
@@ -300,7 +338,7 @@ class CompiledMeasurementSampler(_Sampler):
         self.reference = (np.zeros(self.circuit.num_measurements, bool) if skip_reference_sample
                           else _reference(self.program))
         m = self.program.num_measurements
-        self._table = (jnp.arange(m, dtype=jnp.int32)[:, None], jnp.asarray(self.reference))
+        self._table = self._output_table([[i] for i in range(m)], self.reference)
         self._out_rows = m
 
     def sample(self, shots: int, *, bit_packed: bool = False, on_device: bool = False):
@@ -330,8 +368,7 @@ class CompiledDetectorSampler(_Sampler):
             dets, obs = prog.detectors, prog.observables
             lists = [dets, obs] if separate_observables else [
                 (obs if prepend_observables else []) + dets + (obs if append_observables else [])]
-            self._layouts[layout] = [(jnp.asarray(_index_table(ix, prog.num_measurements)), jnp.zeros(len(ix), bool))
-                                     for ix in lists]
+            self._layouts[layout] = [self._output_table(ix) for ix in lists]
         out = self._sample(shots, self._layouts[layout], bit_packed, on_device)
         return tuple(out) if separate_observables else out[0]
 

@@ -162,7 +162,6 @@ def test_the_kernel_lowers_to_triton_on_any_machine():
     prog = P.lower(Circuit(text))
     structure, tables = prog.structure(), prog.tables()
     with jax.enable_x64(True):
-        lowered = F._run_program.trace(structure, tables, jax.random.key(0), prog.num_qubits, prog.num_measurements,
-                                       128, "pallas", F.noise_limits(structure, tables)).lower(
-            lowering_platforms=("cuda",))
+        lowered = F._run_kernel.trace(structure, tables, jax.random.key(0), prog.num_qubits, prog.num_measurements,
+                                      128, "pallas").lower(lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text()

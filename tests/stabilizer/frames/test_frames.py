@@ -152,9 +152,9 @@ def test_flips_hit_every_bit_position_with_probability_p(limit):
 
 @pytest.mark.parametrize("shape", [(4,), (2, 2)], ids=["one row", "two rows"])
 def test_a_sparse_draw_that_runs_out_of_budget_stays_exact(monkeypatch, shape):
-    """With room for only 4 hits at p = 0.3, the positions after the 4th hit are drawn densely (row by
-    row where there are rows): every one of the 128 positions still flips with probability 0.3 (over
-    4096 draws), none twice as often. No dense code for larger probabilities is needed for that."""
+    """With room for only 4 hits a round at p = 0.3, the draw goes on in more rounds from where the last
+    one ended: every one of the 128 positions still flips with probability 0.3 (over 4096 draws), none
+    twice as often. No dense code is needed for that."""
     monkeypatch.setattr(F, "flip_budget", lambda bits, limit: 4)
     draw = jax.jit(jax.vmap(lambda key: F.noise_masks(key, jnp.array([0.3]), F.FLIP, shape, F.Draw(1.0, False))[0]))
     bits = _bits(draw(jax.random.split(jax.random.key(5), 4096)).reshape(4096, 4))  # (4096 draws, 128 positions)
@@ -162,15 +162,21 @@ def test_a_sparse_draw_that_runs_out_of_budget_stays_exact(monkeypatch, shape):
     assert np.all(np.abs(rates - 0.3) < 5 * np.sqrt(0.21 / 4096)), rates
 
 
-def test_noise_limits_are_per_kind_and_sized_for_the_common_probability():
-    """One large probability does not size every sparse draw (it is drawn densely, and only kinds that
-    have one hold dense code); kinds without noise draw nothing."""
-    text = "X_ERROR(0.001) 0 1\nREPEAT 50 {\n  DEPOLARIZE1(0.001) 0\n  M(0.01) 0\n}\nX_ERROR(0.3) 1\nM 1\nMPAD 0"
-    prog = P.lower(Circuit(text))
-    limits = F.noise_limits(prog.structure(), prog.tables())
-    assert limits[P.NOISE].sparse == pytest.approx(0.001) and limits[P.NOISE].dense
-    assert limits[P.MEASURE].sparse == pytest.approx(0.01) and not limits[P.MEASURE].dense
-    assert limits[P.GATE] is limits[P.CORRELATED] is limits[P.MPAD] is None
+def test_noise_limits_do_not_depend_on_the_probabilities():
+    """Circuits that differ only in their noise strengths (below SPARSE_MAX) get equal limits, so one
+    compiled program; only kinds with a probability above SPARSE_MAX hold dense code, and kinds without
+    noise draw nothing."""
+    text = "X_ERROR({p}) 0 1\nREPEAT 50 {{\n  DEPOLARIZE1({p}) 0\n  M({q}) 0\n}}\nX_ERROR({big}) 1\nM 1\nMPAD 0"
+
+    def limits(**ps):
+        prog = P.lower(Circuit(text.format(**ps)))
+        return F.noise_limits(P.flatten(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)[0].table)
+
+    base = limits(p=0.001, q=0.01, big=0.3)
+    assert base == limits(p=0.004, q=0.2, big=0.1) == limits(p=1e-5, q=0.5, big=0.5)
+    assert base[P.NOISE].sparse >= F.SPARSE_MAX and not base[P.NOISE].dense
+    assert limits(p=0.001, q=0.01, big=0.75)[P.NOISE].dense and not limits(p=0.001, q=0.01, big=0.75)[P.MEASURE].dense
+    assert base[P.GATE] is base[P.CORRELATED] is base[P.MPAD] is None
 
 
 def test_run_program_flips_only_where_noise_is():
@@ -196,14 +202,16 @@ def _subjaxprs(jaxpr):
 
 
 def test_the_op_switch_returns_only_an_ops_rows():
-    """No branch of the scan step's op-kind switch returns the whole frames or record: XLA copies
-    whatever a branch returns, every op (13 of the 35 kernels an op took on an H100 when it did)."""
+    """No branch of the loop step's op-kind switch returns the whole frames or record: XLA copies
+    whatever a branch returns, every op (13 of the 35 kernels an op took on an H100 when it did). The
+    program has one switch, whatever its repeats."""
     prog = P.lower(Circuit("H 0\nCX 0 1\nX_ERROR(0.1) 1\nM 0 1\nREPEAT 3 {\n  MR 1\n  CX rec[-1] 0\n}"))
-    structure, tables, words = prog.structure(), prog.tables(), 4
+    flat, qubits, records = P.flatten(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)
+    words = 4
     with jax.enable_x64(True):
-        traced = F._run_program.trace(structure, tables, jax.random.key(0), prog.num_qubits, prog.num_measurements,
-                                      words, "jax", F.noise_limits(structure, tables))
-    whole = {(prog.num_qubits + 1, words), (prog.num_measurements + 1, words)}
+        traced = F._run_flat.trace(flat.table, flat.ops, jax.random.key(0), qubits, records, flat.depth, words,
+                                   F.noise_limits(flat.table))
+    whole = {(qubits, words), (records, words)}
     switches, todo = 0, [traced.jaxpr.jaxpr]
     while todo:
         jaxpr = todo.pop()
@@ -213,7 +221,7 @@ def test_the_op_switch_returns_only_an_ops_rows():
                 switches += 1
                 shapes = [v.aval.shape for v in eqn.outvars]
                 assert not whole.intersection(shapes), shapes
-    assert switches == 2  # one per table: the top level's and the repeat's
+    assert switches == 1
 
 
 def test_pack_puts_draw_j_at_bit_j():

@@ -237,3 +237,60 @@ def test_shots_beyond_one_chunk(monkeypatch):
     bits = compile_sampler(c, seed=0).sample(5000)
     assert bits.shape == (5000, 1)
     assert abs(bits.mean() - 0.25) < 5 * np.sqrt(0.25 * 0.75 / 5000)
+
+
+def test_a_sweep_over_noise_compiles_nothing_after_its_first_circuit():
+    """Circuits that differ in their noise strengths (a threshold sweep's tasks at one distance) share
+    every compiled program: after the first, sampling them compiles nothing, and each one's detection
+    rates are still its own (they grow with p)."""
+    def sample(p, rounds=3):
+        c = stim.Circuit.generated("surface_code:rotated_memory_z", distance=3, rounds=rounds,
+                                   after_clifford_depolarization=p, before_measure_flip_probability=p,
+                                   after_reset_flip_probability=p, before_round_data_depolarization=p)
+        return compile_detector_sampler(Circuit(c), seed=0).sample(2048, separate_observables=True)[0].mean()
+
+    sample(1e-3)
+    with _compilations() as compiled:
+        rates = [sample(p) for p in (2e-3, 1e-2, 5e-2)]
+    assert compiled == [], compiled
+    assert rates[0] < rates[1] < rates[2], rates
+
+
+def test_circuits_of_one_size_bucket_share_the_frame_program():
+    """The frame program is keyed by bucketed sizes and holds repeat counts and probabilities as data:
+    memory experiments over 3 and 4 rounds (33 and 41 measurements) at two noise strengths give flat
+    programs of one shape: the same compiled frame program (the output layout follows the detector
+    count's bucket)."""
+    def key(rounds, p):
+        c = stim.Circuit.generated("surface_code:rotated_memory_z", distance=3, rounds=rounds,
+                                   after_clifford_depolarization=p, before_measure_flip_probability=p)
+        s = compile_detector_sampler(Circuit(c))
+        return s._qubit_rows, s._record_rows, s._depth, s._limits, jax.tree_util.tree_map(np.shape, s._flat)
+
+    assert key(3, 1e-3) == key(4, 1e-3) == key(4, 2e-2)
+
+
+class _compilations:
+    """The programs JAX compiles inside the block (from its compile log), as a list."""
+
+    def __enter__(self):
+        import logging
+
+        self.names, self.logger = [], logging.getLogger("jax._src.dispatch")
+        names = self.names
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                if "Finished XLA compilation" in record.getMessage():
+                    names.append(record.getMessage())
+
+        self.handler, self.before = Handler(), jax.config.jax_log_compiles
+        logging.getLogger("jax").addHandler(self.handler)
+        jax.config.update("jax_log_compiles", True)
+        return names
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger("jax").removeHandler(self.handler)
+        jax.config.update("jax_log_compiles", self.before)
