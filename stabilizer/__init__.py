@@ -13,9 +13,20 @@
   frames/    Pauli frames of many shots (frames), their Pallas kernel (frame_kernel), the compiled
              samplers (sampler)
   cli.py     the `stabilizer` command, writing Stim's result formats (formats.py)
+  sinter_sampler.py  `SinterSampler`, a `sinter.Sampler` (optional: needs sinter, the `sampler` extra):
+             sinter.collect(tasks=..., decoders=["ours"], custom_decoders={"ours": st.SinterSampler()})
 
 Each folder imports only those below it (circuits < tableau < frames < cli); ARCHITECTURE.md draws
 the data path.
+
+Compiled programs persist: importing `stabilizer` imports the shared gate table from `pauliprop`,
+whose import turns JAX's persistent compilation cache on (pauliprop/runtime/compilation.py), so a
+second process (a sinter worker, the next script) loads the samplers' programs from disk. It lives in
+`$PAULIPROP_CACHE_DIR`, else `$XDG_CACHE_HOME/pauliprop/jax` (default `~/.cache/pauliprop/jax`);
+`PAULIPROP_NO_CACHE=1` turns it off, and a cache already configured for JAX
+(`jax_compilation_cache_dir`, `$JAX_COMPILATION_CACHE_DIR`) is left as it is. The frames' programs
+are keyed by bucketed sizes with probabilities, targets, detectors and repeat counts as data, so the
+tasks of a threshold sweep share them.
 """
 
 from .circuits.circuit import (
@@ -40,6 +51,16 @@ from .circuits import circuit, program  # noqa: E402, F401
 from .frames import frame_kernel, sampler  # noqa: E402, F401
 from .tableau import kernels, simulator  # noqa: E402, F401
 
+
+
+def __getattr__(name: str):
+    if name == "SinterSampler":  # sinter is optional: imported when the sampler is first asked for
+        from .sinter_sampler import SinterSampler
+
+        return SinterSampler
+    raise AttributeError(f"module 'stabilizer' has no attribute {name!r}")
+
+
 __all__ = [
                       "Circuit",
                       "CircuitError",
@@ -48,6 +69,7 @@ __all__ = [
                       "CompiledDetectorSampler",
                       "CompiledMeasurementSampler",
                       "GateTarget",
+                      "SinterSampler",
                       "TableauSimulator",
                       "compile_detector_sampler",
                       "compile_sampler",
