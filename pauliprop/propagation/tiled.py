@@ -14,7 +14,7 @@ A rotation by G turns the words P that anticommute with it: P -> cos(a) P + sin(
 i G P = s (P xor G). P meets only its partner P xor G, which anticommutes too, so a pass pairs its
 turning words through a hash table of their canonical members (pairing.py, no sort), mixes each
 pair in place, appends the partners that were missing behind the prefix, and removes what the
-truncation drops by a compaction. A layer of rotations on disjoint qubits runs in passes:
+truncation drops by a compaction that fills holes. A layer of rotations on disjoint qubits runs in passes:
 pass j turns each word by the j-th rotation of the layer it anticommutes with. The rotations a
 word anticommutes with are the same for every word its rotations reach (its fiber), so each fiber
 sees the layer's rotations in order and the per-term rules drop what they drop gate by gate; a
@@ -131,33 +131,52 @@ def _with_charge(dropped, charge):
 
 def compact(work: Work, n, cfg: Config, gone_count=None):
     """Remove the gone words of the prefix [0, n) (gone_count of them: counted here when None); clears
-    `gone`. Returns (work, the new n). In place: every word moves towards the front, in order (the GPU's
-    kernels instead move the staying words past the new end into the holes: fused.compact). Where nothing
-    is gone the loop runs no tile. (No lax.cond around a loop that scatters into the buffers: XLA:CPU then
-    copies every buffer at every iteration; a loop of zero trips costs nothing.)"""
+    `gone`. Returns (work, the new n m = n - gone_count). The staying words from m on fill the holes below
+    m, the r-th of them the r-th hole, so only those words move (the live words' order is not kept): a
+    loop over the tiles below m lists the holes (into `partner`, free between a pass's mix and the next
+    pairing), one over the tiles from m on moves the fillers. Where nothing is gone both loops run no
+    tile. (No lax.cond around a loop that scatters into the buffers: XLA:CPU then copies every buffer at
+    every iteration; a loop of zero trips costs nothing.) The GPU's kernels do the same (fused.compact)."""
     tile = cfg.tile
-
-    def body(start, carry):
-        work, out = carry
-        valid = start + jnp.arange(tile) < n
-        keep = valid & ~gone_at(work.gone, start, tile)
-        dest = jnp.where(keep, out + prefix_count(keep) - 1, cfg.capacity)
-        w, c, s = lax.optimization_barrier((take(work.words, start, tile), take(work.coeffs, start, tile),
-                                            take(work.sins, start, tile)))
-        work = work._replace(gone=put(work.gone, start, jnp.zeros(tile, jnp.uint8)),
-                             words=work.words.at[dest].set(w, mode="drop"),
-                             coeffs=work.coeffs.at[dest].set(c, mode="drop"),
-                             sins=work.sins.at[dest].set(s, mode="drop"))
-        return work, out + _count(keep)
-
     if gone_count is None:
         wt = cfg.word_tile
         gone_count = over_tiles(n, wt, lambda s, c: c + _count(valid_gone(work.gone, s, wt, n)), jnp.int32(0))
     if cfg.fused:
         return fused.compact(work, n, cfg, gone_count)
-    any_gone = gone_count > 0
-    work, out = over_tiles(jnp.where(any_gone, n, 0), tile, body, (work, jnp.int32(0)))
-    return work, jnp.where(any_gone, out, n)
+    m = n - gone_count
+    some = gone_count > 0
+
+    def holes(start, carry):
+        partner, gone, found = carry
+        i = start + jnp.arange(tile)
+        g = gone_at(gone, start, tile)
+        hole = (i < m) & g
+        rank = jnp.where(hole, found + prefix_count(hole) - 1, cfg.capacity)
+        return (partner.at[rank].set(i.astype(jnp.int32), mode="drop"),
+                put(gone, start, (g & (i >= m)).astype(jnp.uint8)), found + _count(hole))
+
+    partner, gone, _ = over_tiles(jnp.where(some, m, 0), tile, holes, (work.partner, work.gone, jnp.int32(0)))
+    work = work._replace(partner=partner, gone=gone)
+
+    def fill(k, carry):
+        work, used = carry
+        start = k * tile
+        i = start + jnp.arange(tile)
+        tail = (i >= m) & (i < n)
+        g = gone_at(work.gone, start, tile)
+        filler = tail & ~g
+        rank = used + prefix_count(filler) - 1
+        dest = jnp.where(filler, work.partner[jnp.where(filler, rank, 0)], cfg.capacity)
+        w, c, s = lax.optimization_barrier((take(work.words, start, tile), take(work.coeffs, start, tile),
+                                            take(work.sins, start, tile)))
+        work = work._replace(gone=put(work.gone, start, (g & ~tail).astype(jnp.uint8)),
+                             words=work.words.at[dest].set(w, mode="drop"),
+                             coeffs=work.coeffs.at[dest].set(c, mode="drop"),
+                             sins=work.sins.at[dest].set(s, mode="drop"))
+        return work, used + _count(filler)
+
+    work, _ = lax.fori_loop(m // tile, jnp.where(some, (n + tile - 1) // tile, 0), fill, (work, jnp.int32(0)))
+    return work, m
 
 
 def valid_gone(gone, start, tile: int, n):
