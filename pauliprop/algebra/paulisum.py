@@ -45,7 +45,8 @@ class PauliSum:
     @classmethod
     def from_words(cls, paulis: list[dict[int, str]], coeffs, num_qubits: int) -> "PauliSum":
         x, z = words.pack(paulis, num_qubits)
-        return cls(jnp.asarray(x), jnp.asarray(z), jnp.asarray(np.asarray(coeffs, dtype=float)), num_qubits)
+        # device_put: a transfer, where jnp.asarray compiles a small program for each new shape
+        return cls(jax.device_put(x), jax.device_put(z), jax.device_put(np.asarray(coeffs, dtype=float)), num_qubits)
 
     @classmethod
     def from_list(cls, terms: Iterable, num_qubits: int) -> "PauliSum":

@@ -189,7 +189,7 @@ def default_capacity(obs: PauliSum, truncation: Truncation, num_qubits: int | No
 def params_array(params, num_params: int, dtype):
     """params as a (P,) or (B, P) array of the coefficients' dtype, padded to a bucketed length."""
     if params is None:
-        params = jnp.zeros(0, dtype)
+        params = np.zeros(0, dtype)  # numpy: an eager jnp.zeros compiles two programs (0.2 s on a GPU's first call)
     p = params if is_traced(params) else np.asarray(params)
     width = schedule.bucket(max(p.shape[-1], num_params), 1)
     pad = [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])]
@@ -478,7 +478,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
         merged = merged._replace(words=merged.words[:cap], coeffs=merged.coeffs[:cap], meta=merged.meta[:cap])
     buf = _grown(merged, cap)
     if buf is merged:  # the loop donates its buffer: not the one remembered on the observable
-        buf = jax.tree_util.tree_map(jnp.copy, buf)
+        buf = jax.tree_util.tree_map(lambda a: jax.device_put(a, may_alias=False), buf)  # a copy, compiled by none
     peak = 0  # the loop's own peak starts from the buffer it is given
     if batch is not None:
         buf = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (batch,) + a.shape), buf)
@@ -918,7 +918,7 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
         return (val, stats) if return_stats else val
     val, stats, _ = _drive_concrete(circuit, observable, params, truncation, capacity, 1 << 26, initial_capacity,
                                     table)
-    val = jnp.asarray(val)
+    val = jax.device_put(val)  # a transfer, where jnp.asarray compiles a program on a fresh process's first call
     return (val, stats) if return_stats else val
 
 
