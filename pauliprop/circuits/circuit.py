@@ -103,7 +103,8 @@ class Circuit:
 
     # ---- generic entry point ------------------------------------------------------------------
     def append(self, name: str, qubits: Sequence[int], *args, pauli: str | None = None) -> "Circuit":
-        """Append gate `name` (or an alias) on `qubits` with angle or probability `args`."""
+        """Append gate `name` (or an alias) on `qubits` with angle or probability `args`; a composite
+        (p, u, cp, crx, ch, ccx, ...) is appended as its exact decomposition from the gate table."""
         g = gates.lookup(name)
         qubits = tuple(self._check_qubit(g.name, q) for q in qubits)
         if g.name == "pauli_rotation":
@@ -125,6 +126,10 @@ class Circuit:
                 raise ValueError(f"pauli_channel: px + py + pz = {sum(args)} exceeds 1")
         else:
             args = tuple(_check_angle(g.name, a) for a in args)
+        if g.kind == "composite":  # the table's exact decomposition, so backends only see their own gates
+            for name, local, angles, *generator in g.decompose(*args):
+                self.append(name, [qubits[j] for j in local], *angles, pauli=generator[0] if generator else None)
+            return self
         self.instructions.append(Instruction(g.name, qubits, args, pauli))
         self._program_cache = self._num_params = None  # the lowered gate table (propagation.program) is stale now
         return self
@@ -168,6 +173,21 @@ class Circuit:
     def rxx(self, p, q, a): return self.append("rxx", [p, q], a)
     def ryy(self, p, q, a): return self.append("ryy", [p, q], a)
     def rzz(self, p, q, a): return self.append("rzz", [p, q], a)
+    # composites of the gate table (gates.py): appended as their exact decompositions
+    def p(self, q, a): return self.append("p", [q], a)
+    def u(self, q, theta, phi, lam): return self.append("u", [q], theta, phi, lam)
+    def r(self, q, theta, phi): return self.append("r", [q], theta, phi)
+    def rzx(self, p, q, a): return self.append("rzx", [p, q], a)
+    def ecr(self, a, b): return self.append("ecr", [a, b])
+    def cp(self, c, t, a): return self.append("cp", [c, t], a)
+    def crx(self, c, t, a): return self.append("crx", [c, t], a)
+    def cry(self, c, t, a): return self.append("cry", [c, t], a)
+    def crz(self, c, t, a): return self.append("crz", [c, t], a)
+    def cu(self, c, t, theta, phi, lam, gamma=0.0): return self.append("cu", [c, t], theta, phi, lam, gamma)
+    def ch(self, c, t): return self.append("ch", [c, t])
+    def ccx(self, a, b, t): return self.append("ccx", [a, b, t])
+    def ccz(self, a, b, c): return self.append("ccz", [a, b, c])
+    def rccx(self, a, b, t): return self.append("rccx", [a, b, t])
 
     def pauli_rotation(self, pauli: str, qubits: Sequence[int], a) -> "Circuit":
         """exp(-i a/2 P) with P = pauli[0] on qubits[0] x pauli[1] on qubits[1] x ..."""
@@ -223,5 +243,6 @@ class Circuit:
 
     @classmethod
     def from_qiskit(cls, qc) -> "Circuit":
-        """Convert a qiskit.QuantumCircuit (bound parameters; barriers are skipped, measurements refused)."""
-        return qasm.circuit_from_qiskit(qc, new_circuit=cls)
+        """Convert a qiskit.QuantumCircuit; its unbound Parameters become Param(k), k = the position in
+        qc.parameters (barriers are skipped, measurements refused)."""
+        return qasm.circuit_from_qiskit(qc, new_circuit=cls, new_param=Param)

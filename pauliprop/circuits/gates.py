@@ -5,13 +5,18 @@ unitary (little-endian on the gate's own qubits: the first qubit argument is bit
 else is derived from it: the Heisenberg action of Clifford gates (`clifford_action`), the Pauli
 generator of rotations, the state-vector matrices, the parser's names.
 `tests/pauliprop/circuits/test_gates.py` checks, for every entry, that the derived actions agree with
-the matrix.
+the matrix, and for every composite that its decomposition multiplies out to its matrix.
 
 Kinds:
   clifford  maps each Pauli word to one signed word (conjugation by the unitary).
   rotation  exp(-i a/2 G) for a Pauli generator G; splits anticommuting words.
             T and Tdg are rotations with fixed angles (equal to T, Tdg up to a global phase).
   channel   a noise channel acting on one qubit (Heisenberg picture in `pauliprop.propagation.program`).
+  composite a gate the engines do not have (p, u, cp, crx, ch, ccx, ...): `decompose(*angles)` gives an
+            exact decomposition (up to a global phase) into the gates above, which the circuit builder
+            appends in its place, so no backend ever sees a composite. Its angles may be `Param`s:
+            the decompositions only scale, negate and shift one angle at a time (affine in it), which
+            `Param` carries as scale and offset.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ class GateDef:
 
     name: str
     num_qubits: int
-    kind: str  # "clifford" | "rotation" | "channel"
+    kind: str  # "clifford" | "rotation" | "channel" | "composite"
     num_params: int = 0
     generator: str | None = None  # rotations: the Pauli generator G of exp(-i a/2 G)
     fixed_angle: float | None = None  # rotations with a fixed angle (T, Tdg)
@@ -60,13 +65,19 @@ class GateDef:
     doc: str = ""
     qasm_names: tuple[str, ...] = field(default=())
     stim_names: tuple[str, ...] = field(default=())  # names in Stim's circuit format (Cliffords)
+    # composites: angles -> [(gate, local qubits, angles), ...] or with a 4th item, a pauli_rotation's
+    # generator; and the closed-form unitary of parametrized composites (Qiskit's definition)
+    decompose: Callable[..., list] | None = None
+    unitary_of: Callable[..., np.ndarray] | None = None
 
     def matrix(self, *angles: float) -> np.ndarray:
-        """The gate's unitary for the given angles (rotations) or its fixed matrix."""
+        """The gate's unitary for the given angles (rotations, parametrized composites) or its fixed matrix."""
         if self.kind == "channel":
             raise ValueError(f"gate '{self.name}' is a noise channel and has no unitary")
         if self.unitary is not None:
             return self.unitary
+        if self.unitary_of is not None:
+            return np.asarray(self.unitary_of(*angles), dtype=complex)
         (angle,) = angles
         return rotation_matrix(self.generator, angle)
 
@@ -134,6 +145,64 @@ def _rotation(name, generator, aliases=(), doc="", qasm=()):
                    doc=doc, qasm_names=qasm)
 
 
+def _composite(name, n, num_params, decompose, unitary, aliases=(), doc="", qasm=()):
+    fixed = not num_params
+    return GateDef(name, n, "composite", num_params=num_params, decompose=decompose, aliases=aliases, doc=doc,
+                   unitary=np.asarray(unitary, dtype=complex) if fixed else None,
+                   unitary_of=None if fixed else unitary, qasm_names=qasm)
+
+
+def _diag(*entries):
+    return np.diag(np.asarray(entries, dtype=complex))
+
+
+def _u3(t, p, lam):  # Qiskit's U(t, p, l)
+    c, s = math.cos(t / 2), math.sin(t / 2)
+    return np.array([[c, -np.exp(1j * lam) * s], [np.exp(1j * p) * s, np.exp(1j * (p + lam)) * c]])
+
+
+def _controlled_rotation(axis: str):
+    """|0><0| I + |1><1| R_P(t) = exp(-i t/4 P_t) exp(+i t/4 Z_c P_t) (the two factors commute)."""
+    def steps(t):
+        return [("r" + axis.lower(), (1,), (t / 2,)), ("pauli_rotation", (0, 1), (-t / 2,), "Z" + axis)]
+    return steps
+
+
+def _cu(t, p, lam, g=0.0):
+    """controlled(e^{ig} U(t, p, l)) = P_c(g + (p + l)/2) C-RZ(p) C-RY(t) C-RZ(l); the phase on the control
+    as three RZs, so that each angle stays affine in one parameter."""
+    crz, cry = _controlled_rotation("Z"), _controlled_rotation("Y")
+    return [*crz(lam), *cry(t), *crz(p), ("rz", (0,), (g,)), ("rz", (0,), (p / 2,)), ("rz", (0,), (lam / 2,))]
+
+
+def _ccp(target: str):
+    """CC-P on (c0, c1, t) with P = X or Z: exp(i pi |11><11| (I - P)/2), as the seven commuting pi/4
+    rotations of the product of (I - Z_c0)(I - Z_c1)(I - P_t)/8, up to the phase e^{i pi/8}."""
+    q = math.pi / 4
+    return lambda: [("rz", (0,), (q,)), ("rz", (1,), (q,)), ("r" + target.lower(), (2,), (q,)),
+                    ("rzz", (0, 1), (-q,)), ("pauli_rotation", (0, 2), (-q,), "Z" + target),
+                    ("pauli_rotation", (1, 2), (-q,), "Z" + target), ("pauli_rotation", (0, 1, 2), (q,), "ZZ" + target)]
+
+
+def _cc(u: np.ndarray) -> np.ndarray:
+    """Doubly controlled u: controls the first two arguments (bits 0, 1), target the third (bit 2)."""
+    m = np.eye(8, dtype=complex)
+    m[np.ix_([3, 7], [3, 7])] = u
+    return m
+
+
+_R2 = 1 / math.sqrt(2)
+_H = _R2 * np.array([[1, 1], [1, -1]])
+# Qiskit's RCCX (Margolus): CCX up to a relative phase, 3 CX; its definition h t cx tdg cx t cx tdg h
+_RCCX_STEPS = [("h", (2,), ()), ("t", (2,), ()), ("cx", (1, 2), ()), ("tdg", (2,), ()), ("cx", (0, 2), ()),
+               ("t", (2,), ()), ("cx", (1, 2), ()), ("tdg", (2,), ()), ("h", (2,), ())]
+_RCCX = np.zeros((8, 8), dtype=complex)  # the product of those steps, written out: i on |011>->|111>, -i back, -1 on |101>
+for _b in range(8):
+    _RCCX[_b, _b] = 1
+_RCCX[3, 3] = _RCCX[7, 7] = 0
+_RCCX[7, 3], _RCCX[3, 7], _RCCX[5, 5] = 1j, -1j, -1
+
+
 GATES: dict[str, GateDef] = {
     g.name: g
     for g in [
@@ -197,6 +266,42 @@ GATES: dict[str, GateDef] = {
         _rotation("ryy", "YY", doc="RYY(a) = exp(-i a YY/2)", qasm=("ryy",)),
         _rotation("rzz", "ZZ", doc="RZZ(a) = exp(-i a ZZ/2)", qasm=("rzz",)),
         GateDef("pauli_rotation", -1, "rotation", num_params=1, doc="exp(-i a/2 P) for a Pauli string P"),
+        _clifford("ecr", 2, _R2 * np.array([[0, 1, 0, 1j], [1, 0, -1j, 0], [0, 1j, 0, 1], [-1j, 0, 1, 0]]),
+                  doc="echoed cross-resonance (Qiskit's ECR: RZX(pi/4) X RZX(-pi/4) on (q0, q1))", qasm=("ecr",),
+                  stim=()),
+        # composites (see the module docstring): exact decompositions into the gates above
+        _composite("p", 1, 1, lambda lam: [("rz", (0,), (lam,))], lambda lam: _diag(1, np.exp(1j * lam)),
+                   aliases=("phase", "u1"), doc="P(l) = diag(1, e^{il}) = e^{il/2} RZ(l)", qasm=("p", "u1")),
+        _composite("u", 1, 3, lambda t, p, lam: [("rz", (0,), (lam,)), ("ry", (0,), (t,)), ("rz", (0,), (p,))], _u3,
+                   aliases=("u3",), doc="U(t, p, l) = e^{i(p+l)/2} RZ(p) RY(t) RZ(l)", qasm=("u", "u3", "U")),
+        _composite("u2", 1, 2, lambda p, lam: [("rz", (0,), (lam,)), ("ry", (0,), (math.pi / 2,)), ("rz", (0,), (p,))],
+                   lambda p, lam: _u3(math.pi / 2, p, lam), doc="U2(p, l) = U(pi/2, p, l)", qasm=("u2",)),
+        _composite("r", 1, 2, lambda t, f: [("rz", (0,), (-f,)), ("rx", (0,), (t,)), ("rz", (0,), (f,))],
+                   lambda t, f: math.cos(t / 2) * np.eye(2) - 1j * math.sin(t / 2) * (
+                       math.cos(f) * PAULI_MATRICES["X"] + math.sin(f) * PAULI_MATRICES["Y"]),
+                   doc="R(t, f) = exp(-i t/2 (cos f X + sin f Y)) = RZ(f) RX(t) RZ(-f)", qasm=("r",)),
+        _composite("rzx", 2, 1, lambda t: [("pauli_rotation", (0, 1), (t,), "ZX")],
+                   lambda t: rotation_matrix("ZX", t), doc="RZX(t) = exp(-i t/2 Z_0 X_1)", qasm=("rzx",)),
+        _composite("cp", 2, 1, lambda lam: [("rz", (0,), (lam / 2,)), ("rz", (1,), (lam / 2,)), ("rzz", (0, 1), (-lam / 2,))],
+                   lambda lam: _diag(1, 1, 1, np.exp(1j * lam)), aliases=("cphase", "cu1"),
+                   doc="controlled phase diag(1, 1, 1, e^{il}) = e^{il/4} exp(-i l/4 (Z_0 + Z_1 - Z_0 Z_1))",
+                   qasm=("cp", "cu1")),
+        *[_composite(f"cr{a.lower()}", 2, 1, _controlled_rotation(a),
+                     (lambda a: lambda t: _controlled(rotation_matrix(a, t)))(a),
+                     doc=f"controlled R{a} (control, target): R{a}(t/2) on the target, then exp(+i t/4 Z_c {a}_t)",
+                     qasm=(f"cr{a.lower()}",)) for a in "XYZ"],
+        _composite("cu", 2, 4, _cu, lambda t, p, lam, g: _controlled(np.exp(1j * g) * _u3(t, p, lam)),
+                   doc="controlled e^{ig} U(t, p, l) (Qiskit's CU)", qasm=("cu",)),
+        _composite("cu3", 2, 3, _cu, lambda t, p, lam: _controlled(_u3(t, p, lam)),
+                   doc="controlled U(t, p, l) (qelib1's cu3)", qasm=("cu3",)),
+        _composite("ch", 2, 0, lambda: [("s", (1,), ()), ("h", (1,), ()), ("t", (1,), ()), ("cx", (0, 1), ()),
+                                        ("tdg", (1,), ()), ("h", (1,), ()), ("sdg", (1,), ())],
+                   _controlled(_H), doc="controlled Hadamard: S H T CX Tdg H Sdg (Qiskit's definition)", qasm=("ch",)),
+        _composite("ccx", 3, 0, _ccp("X"), _cc(PAULI_MATRICES["X"]), aliases=("toffoli",),
+                   doc="Toffoli (controls, target): seven commuting pi/4 Pauli rotations", qasm=("ccx",)),
+        _composite("ccz", 3, 0, _ccp("Z"), _cc(PAULI_MATRICES["Z"]), doc="doubly controlled Z", qasm=("ccz",)),
+        _composite("rccx", 3, 0, lambda: _RCCX_STEPS, _RCCX,
+                   doc="Qiskit's RCCX: Toffoli up to a relative phase (3 CX)", qasm=("rccx",)),
         GateDef("depolarize", 1, "channel", num_params=1, kraus=_depolarize,
                 doc="depolarizing: rho -> (1-p) rho + p I/2; X, Y, Z damped by 1-p"),
         GateDef("dephase", 1, "channel", num_params=1, kraus=_dephase, doc="dephasing: X, Y damped by 1-p"),

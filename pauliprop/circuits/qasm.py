@@ -7,9 +7,9 @@ by `circuit_from_qiskit`:
 
 - gates of the pauliprop table (`pauliprop.circuits.gates.GATES`) map one to one (matched on Qiskit's gate
   class, not on the name, so a user `gate` that happens to be called `rzz` is expanded from its
-  own definition);
-- a few common gates have short exact Pauli-rotation decompositions here (p/u1, u/u3/u2, r, cp/cu1,
-  crx/cry/crz, cu3/cu, rzx);
+  own definition); the table's composites (p/u1, u/u3, u2, r, rzx, cp/cu1, crx/cry/crz, cu, cu3, ch,
+  ccx, ccz, rccx) carry their own exact decompositions into Pauli rotations and Cliffords;
+- unbound Parameters, and expressions affine in one of them, become `Param`s (`Circuit.from_qiskit`);
 - everything else is expanded through `operation.definition` (Qiskit's exact definitions, user
   `gate` bodies) until only table gates remain.
 
@@ -53,13 +53,37 @@ class _Unsupported(ValueError):
 # ---- Qiskit QuantumCircuit -> Circuit ----------------------------------------------------------
 
 
-def _angle(value, index, where):
-    """A float from a Qiskit gate parameter (float, numpy number or bound ParameterExpression)."""
+def _angle(value, index, where, positions=None, new_param=None):
+    """A float, or (with new_param) a Param, from a Qiskit gate parameter: a float, a numpy number,
+    a bound ParameterExpression, or one affine in a single unbound Parameter (scale * p + offset, p at
+    positions[p] of the circuit's parameters)."""
     params = getattr(value, "parameters", None)
-    if params:
+    if params and new_param is None:
         names = ", ".join(sorted(p.name for p in params))
         raise _Unsupported(index, where, f"angle depends on unbound parameter(s) {names}; bind them first "
                                          f"(qc.assign_parameters)")
+    if params:
+        if len(params) > 1:
+            names = ", ".join(sorted(p.name for p in params))
+            raise _Unsupported(index, where, f"angle {value} depends on several parameters ({names}); pauliprop's "
+                                             f"angles are affine in one parameter (scale * p + offset)")
+        (p,) = params
+        if p not in positions:
+            raise _Unsupported(index, where, f"angle {value} depends on parameter {p.name}, which is not one of "
+                                             f"the circuit's parameters")
+        try:
+            slope = value.gradient(p)
+            affine = not getattr(slope, "parameters", None)
+            scale = complex(slope) if affine else None
+            offset = complex(value.bind({p: 0.0})) if affine else None
+        except (TypeError, ValueError, ZeroDivisionError, RuntimeError):
+            affine = False
+        if not affine:
+            raise _Unsupported(index, where, f"angle {value} is not affine in {p.name}; pauliprop's angles are "
+                                             f"scale * {p.name} + offset (bind {p.name} first to use this gate)")
+        if scale.imag or offset.imag or not (math.isfinite(scale.real) and math.isfinite(offset.real)):
+            raise _Unsupported(index, where, f"angle {value} is not a real affine function of {p.name}")
+        return new_param(positions[p], scale.real, offset.real)
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -70,68 +94,21 @@ def _angle(value, index, where):
 
 
 def _tables():
-    """Qiskit gate class -> pauliprop table gate, and Qiskit gate class -> exact decomposition."""
+    """Qiskit gate class -> the pauliprop table gate it is (composites decompose in the table)."""
     from qiskit.circuit import library as lib
 
-    direct = {
+    return {
         lib.IGate: "id", lib.HGate: "h", lib.XGate: "x", lib.YGate: "y", lib.ZGate: "z",
         lib.SGate: "s", lib.SdgGate: "sdg", lib.SXGate: "sx", lib.SXdgGate: "sxdg",
         lib.TGate: "t", lib.TdgGate: "tdg",
         lib.CXGate: "cx", lib.CYGate: "cy", lib.CZGate: "cz", lib.SwapGate: "swap", lib.iSwapGate: "iswap",
         lib.RXGate: "rx", lib.RYGate: "ry", lib.RZGate: "rz",
-        lib.RXXGate: "rxx", lib.RYYGate: "ryy", lib.RZZGate: "rzz",
+        lib.RXXGate: "rxx", lib.RYYGate: "ryy", lib.RZZGate: "rzz", lib.ECRGate: "ecr",
+        lib.PhaseGate: "p", lib.U1Gate: "p", lib.UGate: "u", lib.U3Gate: "u", lib.U2Gate: "u2", lib.RGate: "r",
+        lib.RZXGate: "rzx", lib.CPhaseGate: "cp", lib.CU1Gate: "cp", lib.CRXGate: "crx", lib.CRYGate: "cry",
+        lib.CRZGate: "crz", lib.CUGate: "cu", lib.CU3Gate: "cu3", lib.CHGate: "ch", lib.CCXGate: "ccx",
+        lib.CCZGate: "ccz", lib.RCCXGate: "rccx",
     }
-
-    def phase(c, q, a):  # diag(1, e^{i l}) = e^{i l/2} RZ(l)
-        c.rz(q[0], a[0])
-
-    def u3(c, q, a):  # U3(t, p, l) = e^{i(p+l)/2} RZ(p) RY(t) RZ(l)
-        t, p, lam = a[:3]
-        c.rz(q[0], lam).ry(q[0], t).rz(q[0], p)
-
-    def u2(c, q, a):  # U2(p, l) = U3(pi/2, p, l)
-        c.rz(q[0], a[1]).ry(q[0], math.pi / 2).rz(q[0], a[0])
-
-    def r(c, q, a):  # R(t, f) = exp(-i t/2 (cos f X + sin f Y)) = RZ(f) RX(t) RZ(-f)
-        t, f = a
-        c.rz(q[0], -f).rx(q[0], t).rz(q[0], f)
-
-    def cphase(c, q, a):  # diag(1,1,1,e^{il}) = e^{il/4} exp(-i l/4 (Z_a + Z_b - Z_a Z_b))
-        lam = a[0]
-        c.rz(q[0], lam / 2).rz(q[1], lam / 2).rzz(q[0], q[1], -lam / 2)
-
-    def controlled_rotation(axis):
-        # |0><0| I + |1><1| R_P(t) = exp(-i t/4 P_t) exp(+i t/4 Z_c P_t)  (the two factors commute)
-        def apply(c, q, a):
-            t = a[0]
-            c.append("r" + axis.lower(), [q[1]], t / 2)
-            if axis == "Z":
-                c.rzz(q[0], q[1], -t / 2)
-            else:
-                c.pauli_rotation("Z" + axis, [q[0], q[1]], -t / 2)
-
-        return apply
-
-    crx, cry, crz = (controlled_rotation(p) for p in "XYZ")
-
-    def cu(c, q, a):  # controlled(e^{i g} U3(t, p, l)) = P_c(g + (p+l)/2) . C-RZ(p) C-RY(t) C-RZ(l)
-        t, p, lam = a[:3]
-        g = a[3] if len(a) > 3 else 0.0
-        crz(c, q, [lam])
-        cry(c, q, [t])
-        crz(c, q, [p])
-        c.rz(q[0], g + (p + lam) / 2)
-
-    def rzx(c, q, a):  # RZX(t) = exp(-i t/2 Z_0 X_1)
-        c.pauli_rotation("ZX", [q[0], q[1]], a[0])
-
-    decomp = {
-        lib.PhaseGate: phase, lib.U1Gate: phase, lib.U3Gate: u3, lib.UGate: u3, lib.U2Gate: u2,
-        lib.RGate: r, lib.CPhaseGate: cphase, lib.CU1Gate: cphase,
-        lib.CRXGate: crx, lib.CRYGate: cry, lib.CRZGate: crz, lib.CU3Gate: cu, lib.CUGate: cu,
-        lib.RZXGate: rzx,
-    }
-    return direct, decomp
 
 
 _TABLES = None
@@ -150,7 +127,7 @@ def _default_ctrl_state(op) -> bool:
     return not n or getattr(op, "ctrl_state", (1 << n) - 1) == (1 << n) - 1
 
 
-def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...]):
+def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...], ctx):
     from qiskit.circuit import Barrier, ControlFlowOp, Delay, Measure, Reset
     from qiskit.circuit.library import GlobalPhaseGate
 
@@ -178,16 +155,11 @@ def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...]):
     if isinstance(op, ControlFlowOp) or getattr(op, "condition", None) is not None:
         raise _Unsupported(index, where, "classical control flow is not supported: pauliprop estimates "
                                          "expectation values of unitary circuits")
-    direct, decomp = _get_tables()
+    direct = _get_tables()
     base = getattr(op, "base_class", type(op))
     params = getattr(op, "params", [])
     if base in direct and _default_ctrl_state(op):
-        args = [_angle(p, index, where) for p in params]
-        c.append(direct[base], qubits, *args)
-        return
-    if base in decomp and _default_ctrl_state(op):
-        args = [_angle(p, index, where) for p in params]
-        decomp[base](c, qubits, args)
+        c.append(direct[base], qubits, *[_angle(p, index, where, *ctx) for p in params])
         return
     definition = getattr(op, "definition", None)
     if definition is None and hasattr(op, "to_instruction"):
@@ -198,49 +170,55 @@ def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...]):
     if definition is None:
         raise _Unsupported(index, where, f"gate '{name}' is not in pauliprop's gate table and has no "
                                          f"definition to expand (an opaque gate?)")
-    for p in params:  # a clear error for unbound angles before expanding
+    for p in params:  # a clear error for unbound or non-affine angles before expanding
         if getattr(p, "parameters", None):
-            _angle(p, index, where)
-    _emit_circuit(c, definition, qubits, index, (*path, name))
+            _angle(p, index, where, *ctx)
+    _emit_circuit(c, definition, qubits, index, (*path, name), ctx)
 
 
-def _emit_circuit(c, qc, qubits: list[int], index: int, path: tuple[str, ...]):
+def _emit_circuit(c, qc, qubits: list[int], index: int, path: tuple[str, ...], ctx):
     """Append the instructions of a (sub)circuit whose qubit k is qubits[k]."""
     for inst in qc.data:
         qs = [qubits[qc.find_bit(q).index] for q in inst.qubits]
-        _emit(c, inst.operation, qs, index, path)
+        _emit(c, inst.operation, qs, index, path, ctx)
 
 
-def _convert(qc, new_circuit):
+def _convert(qc, new_circuit, new_param=None):
     if qc.num_qubits < 1:
         raise ValueError("the circuit has no qubits")
     c = new_circuit(qc.num_qubits)
+    ctx = ({p: k for k, p in enumerate(qc.parameters)}, new_param)
     for i, inst in enumerate(qc.data):
         qs = [qc.find_bit(q).index for q in inst.qubits]
-        _emit(c, inst.operation, qs, i, ())
+        _emit(c, inst.operation, qs, i, (), ctx)
     return c
 
 
-def circuit_from_qiskit(qc, new_circuit):
+def circuit_from_qiskit(qc, new_circuit, new_param=None):
     """Convert a `qiskit.QuantumCircuit` into a pauliprop `Circuit`, exactly up to a global phase.
     new_circuit: the circuit class (`Circuit.from_qiskit` passes its own), called with the number of
     qubits; the gates are appended through its builder methods.
 
     Qubit i of the Qiskit circuit is qubit i here (both little-endian). Table gates map one to one,
-    other gates are expanded (see the module docstring). Parameters must be bound; barriers and
-    delays are skipped; measurements, resets and classical control raise `ValueError`.
+    other gates are expanded (see the module docstring). new_param: the angle class (`Param`):
+    with it, an unbound Parameter p, or an expression affine in one (2 * p + 0.3), becomes
+    new_param(k, scale, offset) with k = p's position in qc.parameters (Qiskit's order, the order of
+    the values its primitives bind), so params[k] is p's value and jax.grad is the gradient in
+    qc.parameters; an expression in several parameters or not affine raises a `ValueError` naming the
+    gate and the expression. Without it, parameters must be bound. Barriers and delays are skipped;
+    measurements, resets and classical control raise `ValueError`.
     """
     _require_qiskit()
     from qiskit import QuantumCircuit
 
     if not isinstance(qc, QuantumCircuit):
         raise TypeError(f"expected a qiskit.QuantumCircuit, got {type(qc).__name__}")
-    if qc.parameters:
+    if qc.parameters and new_param is None:
         names = ", ".join(p.name for p in qc.parameters)
         raise ValueError(f"the circuit has unbound parameter(s) {names}; bind them first "
                          f"(qc.assign_parameters({{...}}))")
     try:
-        return _convert(qc, new_circuit)
+        return _convert(qc, new_circuit, new_param)
     except _Unsupported as exc:
         raise ValueError(str(exc)) from None
 

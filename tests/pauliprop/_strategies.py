@@ -34,9 +34,10 @@ UNITARY_KINDS = (P.CLIFFORD, P.ROTATION, P.QUARTER)
 SMALL_OPS, SMALL_TERMS, SMALL_CAPACITY = 14, 3, 64
 ALL_KINDS = (P.CLIFFORD, P.ROTATION, P.QUARTER, P.CHANNEL, P.DAMP)
 
-# every gate of the table is reachable from the strategies below
+# every gate of the table is reachable from the strategies below, but the composites, which the builder
+# appends as the gates above (their decompositions: circuits/test_gates.py)
 assert set(CLIFFORD_1Q + CLIFFORD_2Q + ROTATIONS_1Q + ROTATIONS_2Q + FIXED_1Q + CHANNELS
-           + ["pauli_rotation"]) == set(G.GATES)
+           + ["pauli_rotation"]) == {n for n, g in G.GATES.items() if g.kind != "composite"}
 
 
 def angles(num_params: int = NUM_PARAMS):

@@ -43,7 +43,7 @@ from .. import _reference as R
     (lambda c: c.pauli_channel(0, 0.5, 0.4, 0.3), ValueError, r"px \+ py \+ pz = 1.2 exceeds 1"),
     (lambda c: c.pauli_channel(0, 0.5, -0.4, 0.3), ValueError, r"probability -0.4 is not in \[0, 1\]"),
     (lambda c: c.depolarize(0, Param(0)), TypeError, r"noise strengths are fixed floats"),
-    (lambda c: c.append("ccx", [0, 1, 2]), ValueError, r"unknown gate 'ccx'"),
+    (lambda c: c.append("cccx", [0, 1, 2]), ValueError, r"unknown gate 'cccx'"),
 ])
 def test_builder_validation_names_the_cause(build, err, cause):
     c = pp.Circuit(3)

@@ -21,6 +21,7 @@ ROTATIONS = sorted(n for n, g in G.GATES.items() if g.kind == "rotation" and g.g
                    and g.fixed_angle is None)
 FIXED = sorted(n for n, g in G.GATES.items() if g.fixed_angle is not None)
 CHANNELS = sorted(n for n, g in G.GATES.items() if g.kind == "channel")
+COMPOSITES = sorted(n for n, g in G.GATES.items() if g.kind == "composite")
 angle = st.floats(-4 * math.pi, 4 * math.pi, allow_nan=False)
 
 
@@ -37,7 +38,8 @@ def test_the_table_covers_the_documented_gates():
     assert documented <= set(G.GATES)
     for name, g in G.GATES.items():
         assert g.name == name
-        assert g.kind in ("clifford", "rotation", "channel")
+        assert g.kind in ("clifford", "rotation", "channel", "composite")
+        assert (g.decompose is not None) == (g.kind == "composite")
 
 
 # ---- Cliffords --------------------------------------------------------------------------------------
@@ -120,7 +122,10 @@ def _qiskit_gate(name, *args):
     cls = {"id": L.IGate, "h": L.HGate, "x": L.XGate, "y": L.YGate, "z": L.ZGate, "s": L.SGate, "sdg": L.SdgGate,
            "t": L.TGate, "tdg": L.TdgGate, "sx": L.SXGate, "sxdg": L.SXdgGate, "cx": L.CXGate, "cy": L.CYGate,
            "cz": L.CZGate, "swap": L.SwapGate, "iswap": L.iSwapGate, "rx": L.RXGate, "ry": L.RYGate,
-           "rz": L.RZGate, "rxx": L.RXXGate, "ryy": L.RYYGate, "rzz": L.RZZGate}[name]
+           "rz": L.RZGate, "rxx": L.RXXGate, "ryy": L.RYYGate, "rzz": L.RZZGate, "ecr": L.ECRGate,
+           "p": L.PhaseGate, "u": L.UGate, "u2": L.U2Gate, "r": L.RGate, "rzx": L.RZXGate, "cp": L.CPhaseGate,
+           "crx": L.CRXGate, "cry": L.CRYGate, "crz": L.CRZGate, "cu": L.CUGate, "cu3": L.CU3Gate, "ch": L.CHGate,
+           "ccx": L.CCXGate, "ccz": L.CCZGate, "rccx": L.RCCXGate}[name]
     return cls(*args).to_matrix()
 
 
@@ -163,7 +168,7 @@ def test_t_is_a_phase_times_rz():
 def test_every_gate_is_unitary(name):
     g = G.GATES[name]
     for a in ([0.0, 0.37, -2.1, math.pi] if g.num_params else [None]):
-        m = g.matrix() if a is None else g.matrix(a)
+        m = g.matrix() if a is None else g.matrix(*[a] * g.num_params)
         assert m.shape == (2**g.num_qubits,) * 2
         np.testing.assert_allclose(m.conj().T @ m, np.eye(len(m)), atol=1e-12)
 
@@ -193,6 +198,51 @@ def test_controlled_gates_use_the_first_argument_as_control():
     assert np.allclose(G.GATES["cx"].matrix() @ np.eye(4)[2], np.eye(4)[2])
 
 
+# ---- composites: exact decompositions into the engines' gates -------------------------------------------
+
+@pytest.mark.parametrize("name", COMPOSITES)
+def test_composites_decompose_exactly_to_their_matrix_and_qiskits(name):
+    """Property: at random angles, the product of a composite's decomposition, as the builder appends it
+    (on permuted qubits), is its matrix up to a global phase, and its matrix is Qiskit's; with Params the
+    builder appends the same gates with angles that evaluate to the same floats."""
+    pytest.importorskip("qiskit")
+    g = G.GATES[name]
+    rng = np.random.default_rng(len(name))
+    n = g.num_qubits
+    order = list(rng.permutation(n))
+    for _ in range(3):
+        angles = list(rng.uniform(-2 * math.pi, 2 * math.pi, g.num_params))
+        m = g.matrix(*angles)
+        np.testing.assert_allclose(m, _qiskit_gate(name, *angles), atol=1e-12)
+        c = pp.Circuit(n).append(name, order, *angles)
+        assert all(ins.gate.kind != "composite" for ins in c)
+        u = R.dense_unitary(c)
+        perm = np.array([sum(((b >> j) & 1) << int(order[j]) for j in range(n)) for b in range(2**n)])
+        want = np.zeros_like(m)
+        want[np.ix_(perm, perm)] = m  # the gate's local bit j on circuit qubit order[j]
+        phase = np.vdot(u.ravel(), want.ravel()) / len(u)
+        assert abs(abs(phase) - 1) < 1e-12
+        np.testing.assert_allclose(phase * u, want, atol=1e-12)
+        if g.num_params:
+            forms = [2 * pp.Param(k) - 0.5 for k in range(g.num_params)]
+            values = [(a + 0.5) / 2 for a in angles]
+            cp = pp.Circuit(n).append(name, order, *forms)
+            np.testing.assert_allclose(R.dense_unitary(cp, values), u, atol=1e-12)
+
+
+def test_composite_builders_go_through_the_table():
+    """Property: each named builder of a composite appends exactly what append(name) does."""
+    a = pp.Param(0) / 2 + 0.1
+    calls = [("p", [0], (a,)), ("u", [1], (a, 0.2, -a)), ("r", [0], (a, 0.4)), ("rzx", [0, 2], (a,)), ("ecr", [2, 0], ()),
+             ("cp", [1, 0], (a,)), ("crx", [0, 1], (a,)), ("cry", [2, 1], (a,)), ("crz", [1, 2], (a,)),
+             ("cu", [0, 2], (a, 0.1, 0.2, 0.3)), ("ch", [2, 0], ()), ("ccx", [0, 1, 2], ()), ("ccz", [2, 0, 1], ()),
+             ("rccx", [1, 2, 0], ())]
+    for name, qubits, args in calls:
+        built = getattr(pp.Circuit(3), name)(*qubits, *args)
+        assert built.instructions == pp.Circuit(3).append(name, qubits, *args).instructions, name
+    assert {name for name, _, _ in calls} >= set(COMPOSITES) - {"u2", "cu3"}
+
+
 # ---- names --------------------------------------------------------------------------------------------
 
 def test_aliases_resolve_case_insensitively():
@@ -208,8 +258,8 @@ def test_aliases_resolve_case_insensitively():
 def test_unknown_names_raise_naming_the_gate():
     with pytest.raises(ValueError, match="unknown gate 'foo'"):
         G.lookup("foo")
-    with pytest.raises(ValueError, match="unknown gate 'ccx'"):
-        pp.Circuit(3).append("ccx", [0, 1, 2])
+    with pytest.raises(ValueError, match="unknown gate 'cccx'"):
+        pp.Circuit(4).append("cccx", [0, 1, 2, 3])
 
 
 def test_quarter_turns():

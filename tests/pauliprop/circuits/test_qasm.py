@@ -28,6 +28,8 @@ from qiskit.quantum_info import Statevector  # noqa: E402
 import pauliprop as pp  # noqa: E402
 from pauliprop.statevector import simulate  # noqa: E402
 
+from .. import _reference as R  # noqa: E402
+
 HEADER2 = 'OPENQASM 2.0;\ninclude "qelib1.inc";\n'
 HEADER3 = 'OPENQASM 3.0;\ninclude "stdgates.inc";\n'
 TOL = 1e-12
@@ -242,17 +244,17 @@ def test_open_controls_are_respected():
 
 
 def test_from_qiskit_bound_parameters_and_errors():
-    """Property: bound parameters become floats; unbound ones, measurements and resets are refused
-    with errors naming them; barriers are skipped."""
+    """Property: bound parameters become floats, unbound ones Params; measurements and resets are
+    refused with errors naming them; barriers are skipped."""
     theta = Parameter("theta")
     qc = QuantumCircuit(2)
     qc.rx(theta, 0)
     qc.barrier()
     qc.crz(2 * theta, 0, 1)
-    with pytest.raises(ValueError, match="theta"):
-        pp.Circuit.from_qiskit(qc)
+    assert pp.Circuit.from_qiskit(qc).instructions[0].args == (pp.Param(0),)
     bound = qc.assign_parameters({theta: 0.4})
     assert fidelity(pp.Circuit.from_qiskit(bound), qiskit_state(bound)) > 1 - TOL
+    assert all(not isinstance(a, pp.Param) for ins in pp.Circuit.from_qiskit(bound) for a in ins.args)
 
     m = QuantumCircuit(2, 1)
     m.h(0)
@@ -326,3 +328,109 @@ def test_qasm3_input_parameters_are_bound_by_name_or_order():
             pp.Circuit.from_qasm(text, params)
     with pytest.raises(ValueError, match="no input parameters"):
         pp.Circuit.from_qasm(qasm3.dumps(qc.assign_parameters({a: 0.3, b: 0.1})), [1.0])
+
+
+# ---- unbound Parameters: kept as Params, differentiable in qc.parameters ---------------------------------
+
+def _parametrized_circuit():
+    """Every gate a Qiskit user writes that pauliprop decomposes (and one expanded through its Qiskit
+    definition, XXPlusYY), with angles affine in one parameter: plain, scaled, shifted, reused."""
+    from qiskit.circuit import ParameterVector
+    from qiskit.circuit.library import XXPlusYYGate
+
+    a, b, v = Parameter("a"), Parameter("b"), ParameterVector("v", 3)
+    qc = QuantumCircuit(3)
+    qc.h([0, 1, 2])
+    qc.ry(0.4, 1)
+    qc.p(a, 0)
+    qc.cp(2 * b + 0.3, 0, 1)
+    qc.crx(-a / 2, 1, 2)
+    qc.cry(v[0], 2, 0)
+    qc.crz(b - 1.1, 0, 2)
+    qc.u(v[0], v[1], 3 * v[2], 2)
+    qc.rzx(v[1] / 3, 0, 2)
+    qc.ecr(1, 0)
+    qc.ch(1, 2)
+    qc.ccx(0, 1, 2)
+    qc.rccx(2, 0, 1)
+    qc.cu(a, b, v[2], 0.2, 2, 1)
+    qc.append(XXPlusYYGate(a + 0.5, v[1]), [0, 2])
+    qc.rzz(b, 1, 2)
+    return qc
+
+
+def _parameter_shift_gradient(qc, op, x):
+    """d<op>/d(qc.parameters) at x by the parameter-shift rule on Qiskit's StatevectorEstimator: every
+    parameter occurrence of the circuit transpiled to rz/sx/x/cx becomes its own angle t_k (rz(t_k),
+    shifted by +-pi/2), and the chain rule sums them with the slopes of the occurrence's (linear) expression."""
+    from qiskit import transpile
+    from qiskit.circuit.library import RZGate
+    from qiskit.primitives import StatevectorEstimator
+
+    pos = {p: k for k, p in enumerate(qc.parameters)}
+    t = transpile(qc, basis_gates=["rz", "sx", "x", "cx"], optimization_level=0)
+    flat, angles, values, chain = QuantumCircuit(t.num_qubits), [], [], []
+    for inst in t.data:
+        qs = [t.find_bit(q).index for q in inst.qubits]
+        expr = inst.operation.params[0] if inst.operation.params else None
+        if getattr(expr, "parameters", None):  # Qiskit's own definitions may mix parameters: (b + v[2])/2
+            angles.append(Parameter(f"t{len(angles)}"))
+            flat.append(RZGate(angles[-1]), qs)
+            values.append(float(expr.bind({p: x[pos[p]] for p in expr.parameters})))
+            chain.append([(pos[p], float(expr.gradient(p))) for p in expr.parameters])
+        else:
+            flat.append(inst.operation, qs)
+    k = len(angles)
+    shifted = np.concatenate([np.array(values) + np.pi / 2 * np.eye(k), np.array(values) - np.pi / 2 * np.eye(k)])
+    evs = StatevectorEstimator().run([(flat, op, {tuple(angles): shifted})]).result()[0].data.evs
+    grad = np.zeros(len(pos))
+    for slopes, d in zip(chain, (evs[:k] - evs[k:]) / 2):
+        for i, slope in slopes:
+            grad[i] += slope * d
+    return grad
+
+
+def test_from_qiskit_keeps_parameters_exactly_and_differentiably():
+    """Property: a Qiskit circuit with unbound Parameters converts once; at random values (params[k] =
+    the value of qc.parameters[k]) its unitary is Qiskit's Operator of the bound circuit, its state
+    Qiskit's Statevector (up to a global phase), both methods' expectation values Qiskit's to 1e-10, and
+    jax.grad of the Pauli estimate is the parameter-shift gradient from StatevectorEstimator to 1e-8."""
+    import jax
+    from qiskit.quantum_info import Operator, SparsePauliOp
+
+    qc = _parametrized_circuit()
+    c = pp.Circuit.from_qiskit(qc)
+    assert c.num_params == len(qc.parameters) == 5
+    op = SparsePauliOp(["ZZI", "XIY", "IZX", "YYZ"], [1.0, 0.5, -0.3, 0.7])
+    obs = pp.PauliSum.from_qiskit(op)
+    rng = np.random.default_rng(7)
+    for x in rng.uniform(-np.pi, np.pi, (2, 5)):
+        bound = qc.assign_parameters(x)
+        u, want = R.dense_unitary(c, x), Operator(bound).data
+        phase = np.vdot(u.ravel(), want.ravel()) / len(u)
+        np.testing.assert_allclose(phase * u, want, atol=1e-10)
+        assert abs(np.vdot(np.asarray(simulate(c, x)), qiskit_state(bound))) ** 2 > 1 - TOL
+        exact = Statevector(bound).expectation_value(op).real
+        for method in ("pauli", "statevector"):
+            assert abs(float(pp.expectation(c, obs, x, method=method)) - exact) < 1e-10, method
+    grad = jax.grad(lambda p: pp.expectation(c, obs, p, capacity=1024))(jax.numpy.asarray(x))
+    np.testing.assert_allclose(np.asarray(grad), _parameter_shift_gradient(qc, op, x), atol=1e-8)
+
+
+def test_from_qiskit_refuses_angles_not_affine_in_one_parameter():
+    """Property: an angle in two parameters, or not affine in its one, is a ValueError naming the gate
+    and the expression (directly and inside a definition)."""
+    from qiskit.circuit.library import XXPlusYYGate
+
+    a, b = Parameter("a"), Parameter("b")
+    cases = [(lambda q: q.rx(a * b, 0), r"'rx'.*a\*b.*several parameters \(a, b\)"),
+             (lambda q: q.crz(a + b, 0, 1), r"'crz'.*a \+ b.*several parameters"),
+             (lambda q: q.ry(a ** 2, 1), r"'ry'.*a\*\*2 is not affine in a"),
+             (lambda q: q.cp(a.sin(), 1, 0), r"'cp'.*sin\(a\) is not affine in a"),
+             (lambda q: q.append(XXPlusYYGate(a.exp(), 0.1), [0, 1]), r"'xx_plus_yy'.*exp\(a\) is not affine")]
+    for build, pattern in cases:
+        qc = QuantumCircuit(2)
+        qc.h(0)
+        build(qc)
+        with pytest.raises(ValueError, match=r"instruction 1 \(" + pattern):
+            pp.Circuit.from_qiskit(qc)
