@@ -11,6 +11,7 @@ taking the overlap with the initial state. See README.md, ARCHITECTURE.md and DE
   models/       Hamiltonians, ansatz circuits, the 127-qubit kicked Ising
   runtime/      JAX-level support: the compilation cache, prefix sums, the batching rule
   cli.py        the `pauliprop` command
+  estimator.py  pp.Estimator: Qiskit's Estimator primitive (BaseEstimatorV2) on pauliprop (needs Qiskit)
 
 Precision: coefficients follow JAX's default float (float32, or float64 with jax_enable_x64); the
 exactness claims (agreement with the state vector to 1e-10) hold under jax_enable_x64, which the
@@ -48,3 +49,13 @@ __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "
            "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharded", "sharding",
            "statevector", "statevector_adjoint"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # pp.Estimator, Qiskit's Estimator primitive (pauliprop/estimator.py), is loaded on first use:
+    # it subclasses a Qiskit class, and importing pauliprop must not need Qiskit (an extra)
+    if name == "Estimator":
+        from .estimator import Estimator
+
+        return Estimator
+    raise AttributeError(f"module 'pauliprop' has no attribute {name!r}")

@@ -1,0 +1,171 @@
+"""pauliprop.Estimator (pauliprop/estimator.py): Qiskit's Estimator primitive. The reference is Qiskit's own
+StatevectorEstimator on the same pubs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+qiskit = pytest.importorskip("qiskit")
+
+from qiskit import QuantumCircuit  # noqa: E402
+from qiskit.circuit import Parameter, ParameterVector  # noqa: E402
+from qiskit.primitives import BaseEstimatorV2, StatevectorEstimator  # noqa: E402
+from qiskit.quantum_info import Pauli, SparseObservable, SparsePauliOp, Statevector  # noqa: E402
+
+import pauliprop as pp  # noqa: E402
+
+
+def random_circuit(seed: int, n: int = 3, layers: int = 3) -> QuantumCircuit:
+    """A random circuit over rotations, controlled rotations and Cliffords whose angles are affine in
+    the entries of a ParameterVector (plain, scaled, shifted; some reused), with a few fixed angles."""
+    rng = np.random.default_rng(seed)
+    v = ParameterVector("v", 4)
+    qc = QuantumCircuit(n)
+    qc.h(range(n))
+
+    def angle():
+        if rng.random() < 0.2:
+            return float(rng.uniform(-3, 3))
+        return float(rng.choice([1.0, -0.5, 2.0])) * v[int(rng.integers(4))] + float(rng.choice([0.0, 0.3]))
+
+    for _ in range(layers):
+        for q in range(n):
+            getattr(qc, str(rng.choice(["rx", "ry", "rz", "p"])))(angle(), q)
+        a, b = (int(i) for i in rng.permutation(n)[:2])
+        kind = str(rng.choice(["crx", "cry", "crz", "cp", "rzz", "rzx"]))
+        getattr(qc, kind)(angle(), a, b)
+        getattr(qc, str(rng.choice(["cx", "ecr", "ch", "cz"])))(b, a)
+    qc.u(angle(), angle(), angle(), 0)
+    return qc
+
+
+OBSERVABLES = ["ZZI", "XIY", SparsePauliOp(["IZX", "YYZ", "III"], [0.5, -0.7, 0.2]), Pauli("-XXZ"),
+               SparsePauliOp(["ZIZ", "XYI"], [1.0, 0.4])]
+
+
+def pubs_of_every_shape(qc):
+    """Scalar, 1-D and 2-D parameter arrays, observable arrays broadcast against them, a circuit without
+    parameters; shapes (), (4,), (3, 4), (2, 3), (2, 2), ()."""
+    rng = np.random.default_rng(1)
+    p = qc.num_parameters
+    values = lambda *shape: rng.uniform(-np.pi, np.pi, (*shape, p))
+    bound = qc.assign_parameters(values())
+    return [(qc, OBSERVABLES[2], values()),
+            (qc, OBSERVABLES[0], values(4)),
+            (qc, [[o] for o in OBSERVABLES[1:4]], values(4)),
+            (qc, OBSERVABLES[:3], values(2, 3)),
+            (qc, [[OBSERVABLES[0], OBSERVABLES[4]], [OBSERVABLES[3], OBSERVABLES[1]]], values(2, 1)),
+            (bound, OBSERVABLES[4])]
+
+
+@pytest.mark.parametrize("method", ["pauli", "statevector"])
+def test_untruncated_equals_statevector_estimator_on_pubs_of_every_shape(method):
+    """Property: on random parametrized circuits and pubs of every shape, evs equal StatevectorEstimator's
+    to 1e-10 with its broadcast shape, stds are 0, and the metadata names the precision and method."""
+    qcs = [random_circuit(seed) for seed in (3, 4)]
+    pubs = [pub for qc in qcs for pub in pubs_of_every_shape(qc)]
+    ours = pp.Estimator(method=method).run(pubs).result()
+    theirs = StatevectorEstimator().run(pubs).result()
+    assert len(ours) == len(pubs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.data.evs.shape == b.data.evs.shape == a.data.stds.shape, i
+        np.testing.assert_allclose(a.data.evs, b.data.evs, atol=1e-10, rtol=0, err_msg=f"pub {i}")
+        assert np.all(a.data.stds == 0)
+        assert a.metadata["target_precision"] == 0.0 and a.metadata["method"] == method
+    assert ours[1].data.evs.shape == (4,) and ours[2].data.evs.shape == (3, 4) and ours[3].data.evs.shape == (2, 3)
+
+
+def test_truncated_stds_bound_the_error():
+    """Property: truncated, |evs - exact| <= stds (the dropped 1-norm, a bound); the metadata carries the
+    truncation and the term counts, of the pub's shape."""
+    qc = random_circuit(5)
+    pub = pubs_of_every_shape(qc)[2]
+    cut = pp.Truncation(min_abs_coeff=0.05)
+    res = pp.Estimator(truncation=cut).run([pub], precision=0.01).result()[0]
+    exact = StatevectorEstimator().run([pub]).result()[0].data.evs
+    assert np.all(np.abs(res.data.evs - exact) <= res.data.stds + 1e-12)
+    assert np.any(res.data.stds > 0)
+    md = res.metadata
+    assert md["truncation"]["min_abs_coeff"] == 0.05 and md["target_precision"] == 0.01
+    assert md["peak_terms"].shape == md["final_terms"].shape == res.data.evs.shape
+    assert np.all(md["peak_terms"] >= md["final_terms"]) and np.all(md["final_terms"] >= 1)
+
+
+def test_observables_in_other_forms_convert_exactly_and_non_hermitian_ones_are_named():
+    """Property: SparseObservable projectors (0 1 + - r l), signed Paulis and {label: coeff} dicts give
+    Qiskit's Statevector expectation; a SparsePauliOp with imaginary coefficients is refused naming them."""
+    a = Parameter("a")
+    qc = QuantumCircuit(3)
+    qc.h(0)
+    qc.ry(a, 1)
+    qc.crx(0.7, 0, 2)
+    qc.cx(1, 2)
+    x = [0.4]
+    state = Statevector(qc.assign_parameters(x))
+    forms = [SparseObservable("0+r"), SparseObservable.from_sparse_list([("1-", (0, 2), 2.0), ("lZ", (1, 2), -0.5)], 3),
+             Pauli("-YIX"), {"XZZ": 0.3, "IIZ": -1.2}]
+    res = pp.Estimator().run([(qc, forms, x)]).result()[0].data.evs
+    for got, obs in zip(res, forms):
+        op = SparsePauliOp.from_list(list(obs.items())) if isinstance(obs, dict) else obs
+        op = SparsePauliOp.from_sparse_observable(op.as_paulis()) if isinstance(op, SparseObservable) else op
+        assert abs(got - state.expectation_value(op).real) < 1e-12, obs
+    with pytest.raises(ValueError, match=r"pub 0: .*not Hermitian.*XZI \(0\+0\.5j\)"):
+        pp.Estimator().run([(qc, SparsePauliOp(["XZI", "ZZZ"], [0.5j, 1.0]), x)])
+
+
+def vqe(estimator: BaseEstimatorV2, ansatz, hamiltonian, x, steps=4, rate=0.3):
+    """A short VQE written against the primitive only: parameter-shift gradients (one pub of 2P
+    parameter sets) and gradient steps; returns the energies along the way."""
+    p = ansatz.num_parameters
+    energies = []
+    for _ in range(steps):
+        shifted = x + np.pi / 2 * np.vstack([np.eye(p), -np.eye(p)])
+        pubs = [(ansatz, hamiltonian, shifted), (ansatz, hamiltonian, x)]
+        grad_pub, energy_pub = estimator.run(pubs).result()
+        energies.append(float(energy_pub.data.evs))
+        x = x - rate * (grad_pub.data.evs[:p] - grad_pub.data.evs[p:]) / 2
+    return np.array(energies)
+
+
+def test_a_vqe_written_for_base_estimator_v2_runs_unchanged():
+    """Property: the same VQE code gives StatevectorEstimator's energies to 1e-10, and they descend."""
+    theta = ParameterVector("t", 6)
+    ansatz = QuantumCircuit(3)
+    for q in range(3):
+        ansatz.ry(theta[q], q)
+    ansatz.cx(0, 1)
+    ansatz.cx(1, 2)
+    for q in range(3):
+        ansatz.rz(theta[3 + q], q)
+    hamiltonian = SparsePauliOp(["ZZI", "IZZ", "XII", "IXI", "IIX"], [1.0, 1.0, 0.6, 0.6, 0.6])
+    x0 = np.linspace(0.3, 1.2, 6)
+    ours = vqe(pp.Estimator(), ansatz, hamiltonian, x0)
+    theirs = vqe(StatevectorEstimator(), ansatz, hamiltonian, x0)
+    assert isinstance(pp.Estimator(), BaseEstimatorV2)
+    np.testing.assert_allclose(ours, theirs, atol=1e-10, rtol=0)
+    assert ours[-1] < ours[0]
+
+
+@pytest.mark.parametrize("kwargs, cause", [
+    ({"method": "mps"}, "unknown method 'mps'"),
+    ({"method": "statevector", "truncation": pp.Truncation(max_weight=2)}, "statevector.*takes no truncation"),
+    ({"options": {"capcity": 8}}, "unknown option.*capcity"),
+    ({"truncation": 0.1}, "pauliprop.Truncation"),
+    ({"default_precision": -1.0}, "default_precision"),
+])
+def test_bad_settings_name_the_cause(kwargs, cause):
+    with pytest.raises((ValueError, TypeError), match=cause):
+        pp.Estimator(**kwargs)
+
+
+def test_importing_pauliprop_needs_no_qiskit():
+    """Property: without Qiskit, `import pauliprop` works and pp.Estimator names the extra to install."""
+    code = ("import sys; sys.modules['qiskit'] = None\nimport pauliprop as pp\n"
+            "try:\n    pp.Estimator\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 'pip install "pauliprop[qasm]"' in out.stdout
