@@ -6,7 +6,7 @@ runs unchanged with it. Pubs are parsed by Qiskit itself (`EstimatorPub.coerce`:
 and `BindingsArray`); each pub's circuit is converted once (`Circuit.from_qiskit`, its Parameters
 kept as `Param`s in `circuit.parameters` order), and each distinct observable of the pub is evaluated
 for all of the pub's parameter sets in one batched `pauliprop.expectation` call (params of shape
-(B, P)). Results are exact with method="statevector" or an untruncated "pauli" run; truncated, the
+(B, P), B padded to a power of two so that batches of similar size share one compiled program). Results are exact with method="statevector" or an untruncated "pauli" run; truncated, the
 value is the truncated estimator's, and `stds` holds the 1-norm the truncation dropped: a bound
 on |exact - estimate| (each dropped word would have contributed at most its |coefficient|), not a
 standard error. Agreement with Qiskit to 1e-10 needs float64 (`jax.config.update("jax_enable_x64", True)`).
@@ -118,6 +118,10 @@ class Estimator(BaseEstimatorV2):
         params = None
         if qc.num_parameters:  # (B, P) in qc.parameters order, the order Circuit.from_qiskit numbers them
             params = np.asarray(values.as_array(qc.parameters), dtype=float).reshape(batch, qc.num_parameters)
+            # One set runs as (P,) (the engine's single-set loop); a batch is padded to a power of two
+            # (copies of its last row), so batches of 3..4, 5..8, ... rows share one compiled program
+            rows = 1 << (batch - 1).bit_length()
+            params = params[0] if batch == 1 else np.concatenate([params, np.repeat(params[-1:], rows - batch, 0)])
 
         distinct: dict[tuple, int] = {}  # one batched call per distinct observable
         which = np.empty(oshape, dtype=int)
@@ -132,10 +136,10 @@ class Estimator(BaseEstimatorV2):
             obs = _pauli_sum(dict(key), qc.num_qubits)
             val, stats = expectation(circuit, obs, params, truncation=self._truncation, method=self._method,
                                      return_stats=True, **self._options)
-            evs_of[o] = np.broadcast_to(np.asarray(val, dtype=float), (batch,))
+            evs_of[o] = np.broadcast_to(np.asarray(val, dtype=float).reshape(-1)[:batch], (batch,))
             if stats is not None:
                 dropped = np.asarray(stats.dropped_norm, dtype=float).reshape(-1, stats.dropped_norm.shape[-1])
-                stds_of[o] = np.broadcast_to(dropped.sum(axis=-1), (batch,))
+                stds_of[o] = np.broadcast_to(dropped.sum(axis=-1)[:batch], (batch,))
                 peak_of[o] = int(stats.max_terms_seen)
                 final_of[o] = int(stats.terms[0]) if len(stats.terms) else len(obs)
 

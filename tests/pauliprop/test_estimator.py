@@ -48,17 +48,17 @@ OBSERVABLES = ["ZZI", "XIY", SparsePauliOp(["IZX", "YYZ", "III"], [0.5, -0.7, 0.
 
 
 def pubs_of_every_shape(qc):
-    """Scalar, 1-D and 2-D parameter arrays, observable arrays broadcast against them, a circuit without
-    parameters; shapes (), (4,), (3, 4), (2, 3), (2, 2), ()."""
+    """Scalar, 1-D, 2-D and 3-D parameter arrays, observable arrays broadcast against them, a circuit
+    without parameters; shapes (), (3,), (3, 4), (2, 2), (3, 2, 2), () (batches of 3 and 4 share a program)."""
     rng = np.random.default_rng(1)
     p = qc.num_parameters
     values = lambda *shape: rng.uniform(-np.pi, np.pi, (*shape, p))
     bound = qc.assign_parameters(values())
     return [(qc, OBSERVABLES[2], values()),
-            (qc, OBSERVABLES[0], values(4)),
+            (qc, OBSERVABLES[0], values(3)),
             (qc, [[o] for o in OBSERVABLES[1:4]], values(4)),
-            (qc, OBSERVABLES[:3], values(2, 3)),
-            (qc, [[OBSERVABLES[0], OBSERVABLES[4]], [OBSERVABLES[3], OBSERVABLES[1]]], values(2, 1)),
+            (qc, OBSERVABLES[3:5], values(2, 2)),
+            (qc, [[[OBSERVABLES[0]]], [[OBSERVABLES[4]]], [[OBSERVABLES[1]]]], values(1, 2, 2)),
             (bound, OBSERVABLES[4])]
 
 
@@ -76,7 +76,7 @@ def test_untruncated_equals_statevector_estimator_on_pubs_of_every_shape(method)
         np.testing.assert_allclose(a.data.evs, b.data.evs, atol=1e-10, rtol=0, err_msg=f"pub {i}")
         assert np.all(a.data.stds == 0)
         assert a.metadata["target_precision"] == 0.0 and a.metadata["method"] == method
-    assert ours[1].data.evs.shape == (4,) and ours[2].data.evs.shape == (3, 4) and ours[3].data.evs.shape == (2, 3)
+    assert [r.data.evs.shape for r in ours[:6]] == [(), (3,), (3, 4), (2, 2), (3, 2, 2), ()]
 
 
 def test_truncated_stds_bound_the_error():
