@@ -73,9 +73,10 @@ def bucket(k: int) -> int:
 
 
 def fine_bucket(k: int) -> int:
-    """k rounded up to three significant bits (8, 9, 10, ..., 16, 18, ...): sizes that cost work in
-    every op (slots, output rows) padded by at most 1/8, with few distinct values per doubling."""
-    step = 1 << max(0, k.bit_length() - 3)
+    """k rounded up to four significant bits (16, 17, 18, ..., 32, 34, ...): sizes that cost work in
+    every op (slots, output rows) padded by at most 1/16 beyond 16, with few distinct values per
+    doubling (a surface code's 81 slots cost 88: at 3 bits, 96 made d = 9 sampling 15% slower)."""
+    step = 1 << max(0, k.bit_length() - 4)
     return -(-k // step) * step
 
 
@@ -513,9 +514,8 @@ def device_tables(prog: Program):
     """The program's tables as device arrays (converted once per program)."""
     if getattr(prog, "_device_tables", None) is None:
         import jax
-        import jax.numpy as jnp
 
-        prog._device_tables = jax.tree_util.tree_map(jnp.asarray, prog.tables())
+        prog._device_tables = jax.device_put(prog.tables())  # (jnp.asarray compiles a program per shape)
     return prog._device_tables
 
 

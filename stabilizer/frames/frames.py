@@ -119,10 +119,11 @@ def _planes(code, planes: int):
     return jnp.stack([pack((code >> b) & 1) for b in range(planes)])
 
 
-def _events(key, probs, shape):
-    """The event each of `shape` draws takes given that one happens: e with probability probs[e] / total."""
+def _events(u, probs):
+    """The event each uniform u (float64 in [0, 1)) picks given that one happens: e with probability
+    probs[e] / total."""
     edges = jnp.cumsum(probs)
-    x = uniform64(key, shape) * edges[-1]
+    x = u * edges[-1]
     last = probs.shape[0] - 1 - jnp.argmax(probs[::-1] > 0)  # rounding must not pick a zero event past it
     return jnp.minimum(jnp.sum(x[..., None] >= edges[:-1], axis=-1), last)
 
@@ -148,11 +149,10 @@ def _sparse(key, probs, codes, shape, budget: int):
 
     def draw_round(state):
         hits, start, r = state
-        k_gaps, k_events = jax.random.split(jax.random.fold_in(key, r))
-        u = uniform64(k_gaps, (budget,))
-        gaps = jnp.minimum(jnp.floor(jnp.log1p(-u) / log1mp), bits).astype(jnp.int64)
+        u = uniform64(jax.random.fold_in(key, r), (2 if len(codes) > 1 else 1, budget))  # gaps, events
+        gaps = jnp.minimum(jnp.floor(jnp.log1p(-u[0]) / log1mp), bits).astype(jnp.int64)
         pos = start + jnp.cumsum(gaps + 1) - 1  # increasing; past the row once it has ended
-        code = jnp.asarray(codes)[_events(k_events, probs, (budget,))] if len(codes) > 1 else jnp.full(budget, codes[0])
+        code = jnp.asarray(codes)[_events(u[1], probs)] if len(codes) > 1 else jnp.full(budget, codes[0])
         payload = ((code >> jnp.arange(planes, dtype=jnp.uint32)[:, None]) & 1) << (pos % 32).astype(jnp.uint32)
         return hits.at[:, pos // 32].add(payload, mode="drop"), jnp.minimum(pos[-1] + 1, bits), r + 1
 

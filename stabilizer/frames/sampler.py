@@ -6,7 +6,10 @@ the tableau (random outcomes taken as 0), then Pauli frames run it for all shots
 (`stabilizer.frames.frames`), in chunks so that any number of shots fits in memory. A chunk is one
 compiled program (key, frames, outputs: one dispatch; six dispatches took 1.4 of the 2.3 ms of a
 d = 5, 1e5-shot sample on an H100), compiled per chunk size and output layout: a sampler called in a
-second layout compiles its frames again (seconds on a GPU), the price of the single dispatch.
+second layout compiles its frames again (seconds on a GPU), the price of the single dispatch. On CPUs
+the program is keyed by the flat program's bucketed sizes (`program.flatten`) and the outputs' padded
+index tables, not by the circuit: samplers of circuits that differ in probabilities, targets or repeat
+counts within those buckets reuse it (a threshold sweep over p compiles once).
 
 Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
 with little-endian bits. They are built on the device from the record (rows of bits, shots along
@@ -233,7 +236,7 @@ class _Sampler:
         self._limits = frames.noise_limits(flat.table)
         self._depth, self._ops = flat.depth, flat.ops
         with jax.enable_x64(True):  # float64 noise probabilities, whatever the global setting
-            self._flat = jax.tree_util.tree_map(jnp.asarray, flat.table)
+            self._flat = jax.device_put(flat.table)  # (jnp.asarray compiles a program per shape and dtype)
             self._tables = None  # the segments' tables, for frame_kernel (converted when first used)
         self._tables_np = tables
         self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
@@ -245,7 +248,7 @@ class _Sampler:
         idx = _index_table(lists, self._record_rows - 1)
         flips = np.zeros(len(idx), bool)
         flips[:len(lists)] = False if invert is None else invert
-        return jnp.asarray(idx), jnp.asarray(flips), len(lists)
+        return jax.device_put(idx), jax.device_put(flips), len(lists)
 
     def _engine(self, words: int):
         """(static engine, program data) of `_chunk` for frames of `words` words."""
@@ -254,7 +257,7 @@ class _Sampler:
             return ("flat", self._qubit_rows, self._record_rows, self._depth), (self._flat, self._ops)
         if self._tables is None:
             with jax.enable_x64(True):
-                self._tables = jax.tree_util.tree_map(jnp.asarray, self._tables_np)
+                self._tables = jax.device_put(self._tables_np)
         prog = self.program
         return ("kernel", self._structure, prog.num_qubits, prog.num_measurements, self._record_rows, mode), self._tables
 
