@@ -182,8 +182,10 @@ def ours_stages(sampler, shots: int, repeats: int) -> dict:
     from stabilizer.frames import sampler as smp
 
     prog = sampler.program
+    if sampler._tables is None:  # the CPU's flat program (program.flatten): its steps are one loop, not stages
+        return {"note": "stages are timed on the frame kernel's path (GPUs); this run took the flat program"}
     tables = sampler._layouts[(False, False, True)]  # (detectors, observables); filled by the timed calls
-    bits = [len(idx) for idx, _ in tables]
+    bits = [count for _, _, count in tables]  # each output's (padded index table, inversions, bits)
     budget = sampler._budget_words()
     words = smp.chunk_words(shots, budget)
     n = min(shots, 32 * words)
@@ -191,7 +193,7 @@ def ours_stages(sampler, shots: int, repeats: int) -> dict:
     run = lambda: jax.block_until_ready(frames.run_program(sampler._structure, sampler._tables, key, prog.num_qubits,
                                                            prog.num_measurements, words, limits=sampler._limits))
     record = run()
-    xor = lambda: jax.block_until_ready([smp.xor_rows(record, idx) for idx, _ in tables])
+    xor = lambda: jax.block_until_ready([smp.xor_rows(record, idx) for idx, _, _ in tables])
     rows = xor()
 
     def layout(packed: bool):
@@ -330,7 +332,7 @@ def summary(r: dict) -> str:
         figs = [f"{mode} {r[mode + '_s'] * 1e3:.1f} ms" for mode in ("device", "packed_host", "bool_host")
                 if mode + "_s" in r]
         stages = r.get("stages")
-        if stages:
+        if stages and "chunk_shots" in stages:
             figs.append(f"a chunk ({stages['chunk_shots']} shots, {stages['chunks']} in all): "
                         + " ".join(f"{k[:-2]} {v * 1e3:.1f}" for k, v in stages.items() if k.endswith("_s")))
         return f"{head} {', '.join(figs)}; rate {r['detector_rate']:.4f}"

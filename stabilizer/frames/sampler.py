@@ -319,6 +319,11 @@ class _Sampler:
             return _leading(outs, tuple(shapes))
         if len(plan) == 1:  # one chunk: its host buffers become the outputs, uncopied where no column is cut
             (start, n, parts), = chunks
+            if jax.default_backend() != "cpu" and any(p.shape[1] != s[1] for p, s in zip(parts, shapes)):
+                # padding columns (the output rows' bucket) cut on the device, so the host receives exactly the
+                # bytes it keeps and copies nothing (one H200, d = 17, 1e6 shots packed: 32 ms before the
+                # buckets, 182-199 ms with the cut on the host)
+                parts = _leading(parts, tuple(shapes))
             outs = [_host_rows(_start_host_copy(p), n) for p in parts]
             return [o if o.shape == s else np.ascontiguousarray(o[:, :s[1]]) for o, s in zip(outs, shapes)]
         outs = [np.empty(s, dtype) for s in shapes]
