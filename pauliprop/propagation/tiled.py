@@ -140,7 +140,8 @@ def compact(work: Work, n, cfg: Config, gone_count=None):
     tile = cfg.tile
     if gone_count is None:
         wt = cfg.word_tile
-        gone_count = over_tiles(n, wt, lambda s, c: c + _count(valid_gone(work.gone, s, wt, n)), jnp.int32(0))
+        gone_count = over_tiles(n, wt, lambda s, c: c + _count(gone_at(work.gone, s, wt) & (s + jnp.arange(wt) < n)),
+                                jnp.int32(0))
     if cfg.fused:
         return fused.compact(work, n, cfg, gone_count)
     m = n - gone_count
@@ -177,11 +178,6 @@ def compact(work: Work, n, cfg: Config, gone_count=None):
 
     work, _ = lax.fori_loop(m // tile, jnp.where(some, (n + tile - 1) // tile, 0), fill, (work, jnp.int32(0)))
     return work, m
-
-
-def valid_gone(gone, start, tile: int, n):
-    """The tile's gone flags of live words (below n)."""
-    return gone_at(gone, start, tile) & (start + jnp.arange(tile) < n)
 
 
 def _tile_rules(work: Work, n, limits: Limits, cfg: Config, dropped):
