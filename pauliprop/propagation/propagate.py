@@ -34,6 +34,7 @@ from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
 from ..runtime.batching import batched, vmap_shared
 from ..runtime import memory
+from ..runtime.compilation import Jitted
 from . import adjoint, engine, merge, program, schedule, tiled
 from .truncation import NO_TRUNCATION, RULES, Truncation
 
@@ -314,7 +315,7 @@ def _merge_jit(cfg: engine.Config, backend: str):
         out = engine.merge_unit(buf, 0, T, None, limits, cfg)[0]
         return out, jnp.sum(out.live, dtype=jnp.int32)
 
-    return Jitted(merge, compiler_options(backend, cfg.capacity))
+    return Jitted(merge, compiler_options(backend, cfg.capacity), key=("merge", cfg))
 
 
 HOST_MERGE_TERMS = 1 << 12  # GPUs: observables of up to this many terms are merged by the host's CPU
@@ -397,42 +398,6 @@ def compiler_options(backend: str, capacity: int) -> dict | None:
     return {**CPU_COMPILER_OPTIONS, **(FAST_COMPILE if capacity <= FAST_COMPILE_CAPACITY else {})}
 
 
-class Jitted:
-    """jax.jit(fn, compiler_options=options, **kw), compiled again without the options this jaxlib's
-    XLA does not know if it rejects one (option names come and go between versions: jax 0.11 has no
-    xla_cpu_use_fusion_emitters). Costs nothing when XLA takes them all."""
-
-    def __init__(self, fn, options: dict | None, **kw):
-        self._fn, self._options, self._kw = fn, options, kw
-        self._jitted = jax.jit(fn, compiler_options=options, **kw)
-
-    def __call__(self, *args):
-        try:
-            return self._jitted(*args)
-        except jax.errors.JaxRuntimeError as exc:  # raised while compiling: no buffer was donated
-            if not self._options or not ("compile option" in str(exc) or "setting option" in str(exc)):
-                raise
-            self._options = {k: v for k, v in self._options.items() if _xla_knows(k, v)}
-            self._jitted = jax.jit(self._fn, compiler_options=self._options, **self._kw)
-            return self._jitted(*args)
-
-    def __getattr__(self, name):  # trace, lower, ...
-        return getattr(self._jitted, name)
-
-
-@functools.cache
-def _xla_knows(option: str, value) -> bool:
-    """Whether XLA takes this compile option (a trivial CPU program compiled with it, once a process)."""
-    try:
-        with jax.default_device(jax.devices("cpu")[0]):
-            jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(np.float32(0)).compile()
-    except jax.errors.JaxRuntimeError as exc:
-        if "compile option" in str(exc) or "setting option" in str(exc):
-            return False
-        raise
-    return True
-
-
 def _forward(T, buf, start, params, limits, table, *, cfg):
     buf, progress = engine.run(T, buf, start, params, limits, cfg)
     return buf, progress, engine.value(buf, table)
@@ -443,7 +408,7 @@ def _forward_jit(cfg: engine.Config, batch: bool, backend: str):
     fn = partial(_forward, cfg=cfg)
     if batch:
         fn = vmap_shared(fn, (None, 0, None, 0, None, None))
-    return Jitted(fn, compiler_options(backend, cfg.capacity), donate_argnums=(1,))
+    return Jitted(fn, compiler_options(backend, cfg.capacity), key=("forward", cfg, batch), donate_argnums=(1,))
 
 
 def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capacity, max_capacity,
@@ -702,7 +667,7 @@ def _take_workspace(capacity: int, lanes: int, dtype) -> tiled.Work:
         work = _WORKSPACE.pop(key, None)
         _WORKSPACE.clear()
     if work is None:  # committed to the device as the program's outputs are (else a second call compiles again)
-        work = jax.device_put(_empty_work(capacity, lanes, np.dtype(dtype).name), jax.devices()[0])
+        work = jax.device_put(_empty_work(capacity, lanes, np.dtype(dtype).name)(), jax.devices()[0])
     return work
 
 
@@ -713,9 +678,10 @@ def _keep_workspace(work: tiled.Work):
         _WORKSPACE[key] = work
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _empty_work(capacity: int, lanes: int, dtype: str) -> tiled.Work:
-    return tiled.empty_work(capacity, lanes, dtype)
+@one_program_per_key
+def _empty_work(capacity: int, lanes: int, dtype: str) -> Jitted:
+    """The program that makes a run's empty buffers."""
+    return Jitted(partial(tiled.empty_work, capacity, lanes, dtype), None, key=("empty_work", capacity, lanes, dtype))
 
 
 @partial(jax.jit, static_argnums=1)
@@ -746,7 +712,7 @@ def _tiled_forward(T, work, obs_words, obs_coeffs, n, unit, step, fresh, params,
 @one_program_per_key
 def _tiled_jit(cfg: tiled.Config, backend: str):
     options = compiler_options(backend, cfg.capacity) if backend == "cpu" else GPU_TILED_OPTIONS
-    return Jitted(partial(_tiled_forward, cfg=cfg), options, donate_argnums=(1,))
+    return Jitted(partial(_tiled_forward, cfg=cfg), options, key=("tiled", cfg), donate_argnums=(1,))
 
 
 # GPUs: the tiled program's loops as CUDA graphs with device-side conditionals, so a loop's test does not
@@ -932,21 +898,21 @@ def _traced_estimate(circuit, observable, params, truncation, capacity, initial_
     p = params_array(params, circuit.num_params, dtype)
     buf = _initial_buffer(observable, cap, dtype)
     cfg = config(low, truncation, cap, False, backend)
-    seg = adjoint.segment_length(int(low.tables["u_kind"].shape[0]))
+    rows = adjoint.record_rows(low.units.length)
     words = (buf.words, buf.meta)
     val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
-                                                     table, cfg=cfg, seg=seg)
+                                                     table, cfg=cfg, rows=rows)
     terms = low.terms_per_row(unit_terms)
     stats = PropagationStats(terms, dropped, dropped[4] > 0, cap, jnp.maximum(peak, jnp.max(terms, initial=0)))
     jax.debug.callback(_warn_overflow, stats.overflow, stats.dropped_norm[4], cap)
     return val, stats
 
 
-@partial(jax.jit, static_argnames=("cfg", "seg"))
-def _estimate_jit(T, words, coeffs, params, limits, table, *, cfg, seg):
+@partial(jax.jit, static_argnames=("cfg", "rows"))
+def _estimate_jit(T, words, coeffs, params, limits, table, *, cfg, rows):
     # jitted also under a caller's trace: the tables stay arguments, not constants of the caller's
     # program, so circuits of one shape share one compilation
-    return _estimate((cfg, seg), T, words, coeffs, params, limits, table)
+    return _estimate((cfg, rows), T, words, coeffs, params, limits, table)
 
 
 def _buffer(words, coeffs):
@@ -971,9 +937,9 @@ def _estimate_fwd(static, T, words, coeffs, params, limits, table):
 
 
 def _value_and_grad(static, T, words, coeffs, params, limits, table):
-    cfg, seg = static
+    cfg, rows = static
     val, end, progress, d_params, d_coeffs = adjoint.value_and_grad(T, _buffer(words, coeffs), params, limits, table,
-                                                                    cfg, seg)
+                                                                    cfg, rows)
     return (val, (end.dropped, progress.unit_terms, progress.peak)), (d_params, d_coeffs)
 
 

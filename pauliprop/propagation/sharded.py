@@ -96,9 +96,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..algebra import words as pauli_words
 from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
+from ..runtime.compilation import Jitted
 from ..runtime.prefix import count as _count, first_set, prefix_count
 from . import engine, merge, schedule
-from .propagate import (Jitted, Lowered, as_sum, check_inputs, compiler_options, config, default_capacity, is_traced,
+from .propagate import (Lowered, as_sum, check_inputs, compiler_options, config, default_capacity, is_traced,
                         lowered, merged_observable, next_capacity, observable_support, one_program_per_key,
                         operation_at, params_array, state_table)
 from .truncation import NO_TRUNCATION, OFF, Limits, Truncation, tie_type

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop.propagation import program as P
 from pauliprop.propagation import schedule as S
+from pauliprop.runtime import compilation
 
 from .. import _reference as R
 from .._strategies import (ALL_KINDS, CAPACITY, NUM_PARAMS, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS,
@@ -523,8 +524,8 @@ def test_compile_options_that_xla_does_not_know_are_dropped(monkeypatch):
         PR._merge_jit.cache_clear()
     assert abs(val - float(pp.expectation(c, h, np.array([0.7]), method="statevector"))) < 1e-12
     if jax.default_backend() == "cpu":
-        assert not PR._xla_knows("xla_no_such_option_anywhere", True)
-        assert PR._xla_knows("xla_backend_optimization_level", 0)
+        assert not compilation.xla_knows("xla_no_such_option_anywhere", True)
+        assert compilation.xla_knows("xla_backend_optimization_level", 0)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="GPUs run a batch as one vmapped program")
