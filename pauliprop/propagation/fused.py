@@ -104,7 +104,7 @@ def _over_tiles(n, tile: int, bw: int, block_body, every=None):
 def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, coeffs_in, sins_in, gone_in,
             table_in, *outs, lanes: int, bw: int, tile: int, rules: tuple, sins_on: bool, count_only: bool):
     """One program: the words [k tile + pid bw, + bw) of every tile k. scal = (n, fits, capacity, the
-    pass's table mask).
+    pass's table mask, the unit's row of the layer tables).
     count_only: the appended words the block keeps, into counts[k, pid]; else the mix, with the block's
     appended words from base[k, pid] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
     if count_only:
@@ -113,7 +113,8 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         words, coeffs, sins, gone, table, stats = outs
         words_in, coeffs_in, sins_in = words, coeffs, sins  # the same buffers (aliased)
     pid = pl.program_id(0)
-    n, fits, cap, table_mask = scal[0], scal[1] != 0, scal[2], scal[3]
+    n, fits, cap, table_mask, row = scal[0], scal[1] != 0, scal[2], scal[3], scal[4]
+    most = 32 * lanes  # rows of a unit's layer tables
     if not count_only:
         for k in range(4):
             stats[pid, k] = jnp.zeros((), stats.dtype)
@@ -125,7 +126,7 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         p, r = partner[i], rot[i]
         t = (i < n) & (p != pairing.NOT_TURNING)
         lone = t & (p == pairing.UNPAIRED)
-        r = jnp.where(t, r, 0)
+        r = row * most + jnp.where(t, r, 0)
         w = [words_in[i, k] for k in range(2 * lanes)]
         g = [gens[r, k] for k in range(2 * lanes)]
         x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
@@ -186,18 +187,19 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
     _over_tiles(n, tile, bw, run, zero if count_only else None)
 
 
-def _launch(work, n, fits, mask, base, layer, limits: Limits, cfg, count_only: bool):
+def _launch(work, n, fits, mask, base, layers, row, limits: Limits, cfg, count_only: bool):
     tile, lanes = cfg.tile, work.words.shape[1] // 2
     bw = block(tile)
     grid = (tile // bw,)
     cap = work.coeffs.shape[0]
-    scal = _scalars(n, fits, cap, mask)
+    scal = _scalars(n, fits, cap, mask, row)
     lim_i = jnp.stack([jnp.asarray(limits.max_weight if limits.max_weight is not None else 0, jnp.int32),
                        jnp.asarray(limits.max_sins if limits.max_sins is not None else 0, jnp.int32)])
     lim_f = jnp.asarray(limits.min_abs_coeff if limits.min_abs_coeff is not None else 0, work.coeffs.dtype)[None]
     kernel = partial(_kernel, lanes=lanes, bw=bw, tile=tile, rules=cfg.rules, sins_on=cfg.rules[3],
                      count_only=count_only)
-    args = (scal, lim_i, lim_f, layer.gens, layer.cos, layer.sin, base, work.partner, work.rot, work.words, work.coeffs, work.sins, work.gone, work.table)
+    gens, cos, sin = _flat(layers.gens), _flat(layers.cos), _flat(layers.sin)
+    args = (scal, lim_i, lim_f, gens, cos, sin, base, work.partner, work.rot, work.words, work.coeffs, work.sins, work.gone, work.table)
     interpret, params = _mode(cfg)
     if count_only:
         return pl.pallas_call(kernel, grid=grid, out_shape=jax.ShapeDtypeStruct((cap // tile,) + grid, jnp.int32),
@@ -212,16 +214,16 @@ def _launch(work, n, fits, mask, base, layer, limits: Limits, cfg, count_only: b
     return work._replace(words=words, coeffs=coeffs, sins=sins, gone=gone, table=table), stats
 
 
-def mix(work, n, layer, limits: Limits, dropped, turning, cfg):
-    """tiled._mix by kernels, after `pair`: the same arguments and results (work, slots needed (0: it
-    fitted), words appended, dropped, words marked gone); the table is left empty."""
+def mix(work, n, layers, row, limits: Limits, dropped, turning, cfg):
+    """tiled._mix by kernels, after `pair`: the same results (work, slots needed (0: it fitted), words
+    appended, dropped, words marked gone); the table is left empty. layers, row: as in `pair`."""
     need = n + turning
     fits = need <= cfg.capacity
     mask = pairing.table_mask(n, work.table.shape[0])
     unread = jnp.zeros((1, 1), jnp.int32)  # the count reads no offsets (a buffer of every block's cost a memset a pass)
-    counts = _launch(work, n, fits, mask, unread, layer, limits, cfg, count_only=True)
+    counts = _launch(work, n, fits, mask, unread, layers, row, limits, cfg, count_only=True)
     base, added = offsets(counts, (n + cfg.tile - 1) // cfg.tile, n, cfg)
-    work, stats = _launch(work, n, fits, mask, base, layer, limits, cfg, count_only=False)
+    work, stats = _launch(work, n, fits, mask, base, layers, row, limits, cfg, count_only=False)
     total = jnp.sum(stats, axis=0)
     dropped = dropped.at[:3].add(jnp.where(fits, total[:3], 0).astype(dropped.dtype))
     return work, jnp.where(fits, 0, need), jnp.where(fits, added, 0), dropped, total[3].astype(jnp.int32)
@@ -259,6 +261,12 @@ def _scalars(*xs):
     return jnp.stack([jnp.asarray(x).astype(jnp.int32) for x in xs])
 
 
+def _flat(table):
+    """A layer table with its leading unit axis merged into the next: a kernel reads row u's entry r at
+    u * rows + r."""
+    return table.reshape((-1,) + table.shape[2:])
+
+
 def _mode(cfg):
     interpret = cfg.fused == "interpret"
     return interpret, None if interpret else plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
@@ -290,27 +298,29 @@ def _nth_set_bit(rows, j):
     return lane * 32 + pos, sum(counts) > j
 
 
-def _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens, lanes: int):
+def _turning(w, valid, step, single, down, row, gx, gz, fold, rotation_at, gens, lanes: int):
     """tiled.turning_at and the canonical member of each pair on lanes: (turning, rotation, partner lanes, passes, canonical,
-    canonical lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: the layer's refs."""
+    canonical lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: every unit's layer tables
+    (flat: `_flat`), of which the unit's are row `row`; the rotation returned is the unit's own index."""
     x, z = w[:lanes], w[lanes:]
-    meets = [(x[k] & gz[k]) ^ (z[k] & gx[k]) for k in range(lanes)]
+    most = 32 * lanes
+    meets = [(x[k] & gz[row * lanes + k]) ^ (z[k] & gx[row * lanes + k]) for k in range(lanes)]
 
     def folded(m):  # the GF(2) map to each generator's lowest qubit, by byte tables
         out = [jnp.zeros_like(m[0]) for _ in range(lanes)]
         for c in range(4 * lanes):
             byte = ((m[c // 4] >> jnp.uint32(8 * (c % 4))) & jnp.uint32(0xFF)).astype(jnp.int32)
-            out = [out[k] ^ fold[c, byte, k] for k in range(lanes)]
+            out = [out[k] ^ fold[row * 4 * lanes + c, byte, k] for k in range(lanes)]
         return out
 
     bits = lax.cond(single, lambda m: list(m), folded, meets)
     passes = sum(_popcount(b) for b in bits)
     nth = jnp.where(down, passes - 1 - step, step)
     at, has = _nth_set_bit(bits, jnp.maximum(nth, 0))
-    rot = rotation_at[jnp.minimum(at, 32 * lanes - 1)]
+    rot = rotation_at[row * most + jnp.minimum(at, most - 1)]
     turning = valid & has & (nth >= 0)
     rot = jnp.where(turning, rot, 0)
-    g = [gens[rot, k] for k in range(2 * lanes)]
+    g = [gens[row * most + rot, k] for k in range(2 * lanes)]
     # the pivot: the lowest site of G; P is canonical where its bit there is 0
     site = [g[k] | g[lanes + k] for k in range(lanes)]
     up, found = jnp.zeros(rot.shape, bool), jnp.zeros(rot.shape, bool)
@@ -333,10 +343,11 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
     (canonical), LOOKUP or NOT_TURNING; the canonical members go into the table from their homes on by
     linear probing: a word swaps itself into a slot and carries on with what it displaced, until it
     displaces nothing (slots never empty again, so every member stays reachable from its home).
-    scal = (n, table mask, pass, single, down); stats[pid] = (turning words, most passes), over the tiles."""
+    scal = (n, table mask, pass, single, down, the unit's row of the layer tables); stats[pid] = (turning words,
+    most passes), over the tiles."""
     del partner_in, rot_in, slot_in, table_in
     pid = pl.program_id(0)
-    n, mask, step, single, down = scal[0], scal[1], scal[2], scal[3] != 0, scal[4] != 0
+    n, mask, step, single, down, row = scal[0], scal[1], scal[2], scal[3] != 0, scal[4] != 0, scal[5]
     stats[pid, 0] = jnp.int32(0)
     stats[pid, 1] = jnp.int32(0)
 
@@ -344,8 +355,8 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
         i = first + jnp.arange(bw, dtype=jnp.int32)
         valid = i < n
         w = [words[i, k] for k in range(2 * lanes)]
-        turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, down, gx, gz, fold, rotation_at, gens,
-                                                             lanes)
+        turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, down, row, gx, gz, fold, rotation_at,
+                                                             gens, lanes)
         home = (pairing.hash_lanes(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
         marker = jnp.where(turning, jnp.where(is_canonical, pairing.UNPAIRED, pairing.LOOKUP), pairing.NOT_TURNING)
         partner[i] = marker
@@ -384,14 +395,14 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, gens, words, partner_in, rot
 def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, lanes: int, bw: int, tile: int):
     """Each LOOKUP word of the program finds its partner (P xor G, a canonical member) along the partner's
     probe sequence, up to an empty slot; both then hold each other's slot, else it is UNPAIRED.
-    scal = (table mask, capacity, n)."""
+    scal = (table mask, capacity, n, the unit's row of the layer tables)."""
     del partner_in
-    mask, cap, n = scal[0], scal[1], scal[2]
+    mask, cap, n, row = scal[0], scal[1], scal[2], scal[3]
 
     def run(_, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         look = (i < n) & (partner[i] == pairing.LOOKUP)
-        r = jnp.where(look, rot[i], 0)
+        r = row * 32 * lanes + jnp.where(look, rot[i], 0)
         target = [words[i, k] ^ gens[r, k] for k in range(2 * lanes)]
 
         def step(c):
@@ -413,29 +424,31 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
     _over_tiles(n, tile, bw, run)
 
 
-def pair(work, n, step, layer, cfg):
-    """pairing.pair by kernels, for pass `step` of a layer (tiled.Layer): the same results (work with
+def pair(work, n, step, layers, row, cfg):
+    """pairing.pair by kernels, for pass `step` of a layer: the same results (work with
     partner, rot filled, the turning words, the most passes any word takes); `slot` holds each word's
     home instead of its claim, and the table its pairs' canonical members until `mix` clears it. Two
-    launches: the turning words and the inserts, then (every insert done) the lookups."""
+    launches: the turning words and the inserts, then (every insert done) the lookups. layers: tiled.Layer
+    tables with a leading unit axis (every unit's, tiled.layers_of, or one unit's), of which the layer's
+    are row `row`."""
     tile, bw = cfg.tile, block(cfg.tile)
     grid = (tile // bw,)
     mask = pairing.table_mask(n, work.table.shape[0])
     interpret, params = _mode(cfg)
     lanes = work.words.shape[1] // 2
-    (fold,) = layer.fold
+    (fold,) = layers.fold
     outs = (work.partner, work.rot, work.slot, work.table)
     partner, rot, slot, table, stats = pl.pallas_call(
         partial(_insert_kernel, lanes=lanes, bw=bw, tile=tile, interpret=interpret), grid=grid,
         out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
             jax.ShapeDtypeStruct(grid + (2,), jnp.int32),),
         input_output_aliases={7 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
-        _scalars(n, mask, step, layer.single, layer.down), layer.gx, layer.gz, fold, layer.rotation_at,
-        layer.gens, work.words, *outs)
+        _scalars(n, mask, step, layers.single[row], layers.down[row], row), _flat(layers.gx), _flat(layers.gz), _flat(fold),
+        _flat(layers.rotation_at), _flat(layers.gens), work.words, *outs)
     partner = pl.pallas_call(partial(_lookup_kernel, lanes=lanes, bw=bw, tile=tile), grid=grid,
                              out_shape=jax.ShapeDtypeStruct(partner.shape, partner.dtype),
                              input_output_aliases={6: 0}, compiler_params=params, interpret=interpret)(
-        _scalars(mask, partner.shape[0], n), layer.gens, rot, slot, work.words, table, partner)
+        _scalars(mask, partner.shape[0], n, row), _flat(layers.gens), rot, slot, work.words, table, partner)
     work = work._replace(partner=partner, rot=rot, slot=slot, table=table)
     return work, jnp.sum(stats[:, 0], dtype=jnp.int32), jnp.max(stats[:, 1])
 

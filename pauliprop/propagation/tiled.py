@@ -360,6 +360,26 @@ def layer_of(T, u, params, lanes: int, dtype) -> Layer:
                  jnp.all(jnp.where(on, weights <= 1, True)), _byte_tables(image), rotation_at, T["u_down"][u])
 
 
+LAYER_TABLES_BYTES = 1 << 28  # every unit's layer tables are made once a run when they take at most this
+
+
+def layer_bytes(lanes: int, itemsize: int) -> int:
+    """Bytes of one unit's layer tables (the fold's byte tables dominate: 4096 W^2)."""
+    most = pauli_words.LANE_BITS * lanes
+    return most * (2 * lanes * 4 + 2 * itemsize + 4) + 2 * lanes * 4 + 4 * lanes * 256 * lanes * 4 + 2
+
+
+def layers_of(T, params, lanes: int, dtype) -> Layer | None:
+    """Every unit's layer tables (a leading unit axis), made once before the loop, so a unit only reads
+    its row (one H200, 8x8 Ising, 2026-11-28: making a unit's tables in the loop took about twenty
+    small kernels, 31 ms of the 0.35 s run); None where they would take more than LAYER_TABLES_BYTES
+    (then each unit makes its own)."""
+    units = T["u_kind"].shape[0]
+    if units * layer_bytes(lanes, np.dtype(dtype).itemsize) > LAYER_TABLES_BYTES:
+        return None
+    return jax.vmap(lambda u: layer_of(T, u, params, lanes, dtype))(jnp.arange(units))
+
+
 def _byte_tables(image):
     """(B, 256, W) uint32: for byte b of a packed word and each of its values, the XOR of the images
     (rows of `image`, one a bit) of the bits it sets: a GF(2) linear map applied by B lookups."""
@@ -402,11 +422,16 @@ def turning_at(words, valid, j, layer: Layer):
     return valid & has & (nth >= 0), rot, passes
 
 
-def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) -> State:
+def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, layers: Layer | None = None) -> State:
     """A rotation or a layer of rotations on disjoint qubits, in passes (the module docstring); stops
-    before a pass whose appended words would not fit, to resume at that pass. Inactive: no pass."""
+    before a pass whose appended words would not fit, to resume at that pass. Inactive: no pass.
+    layers: every unit's layer tables (`layers_of`), or None: this unit's are made here."""
     lanes = st.work.words.shape[1] // 2
-    layer = layer_of(T, u, params, lanes, st.work.coeffs.dtype)
+    if layers is None:
+        layers, row = jax.tree_util.tree_map(lambda t: t[None], layer_of(T, u, params, lanes, st.work.coeffs.dtype)), 0
+    else:
+        row = u
+    layer = jax.tree_util.tree_map(lambda t: t[row], layers)
     rules = limits.off_unless(~T["u_defer"][u])
 
     def cond(c):
@@ -419,10 +444,12 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
             t, rot, passes = turning_at(w, valid, s.step, layer)
             return t, rot, w ^ layer.gens[rot], passes
 
-        work, turning, most = (fused.pair(s.work, s.n, s.step, layer, cfg) if cfg.fused else
-                               pairing.pair(s.work, s.n, turn, cfg))
-        work, need, added, dropped, gone = (fused.mix if cfg.fused else _mix)(work, s.n, layer, rules, s.dropped,
-                                                                              turning, cfg)
+        if cfg.fused:
+            work, turning, most = fused.pair(s.work, s.n, s.step, layers, row, cfg)
+            work, need, added, dropped, gone = fused.mix(work, s.n, layers, row, rules, s.dropped, turning, cfg)
+        else:
+            work, turning, most = pairing.pair(s.work, s.n, turn, cfg)
+            work, need, added, dropped, gone = _mix(work, s.n, layer, rules, s.dropped, turning, cfg)
         work, n = compact(work, s.n + added, cfg, gone)
         peak = jnp.maximum(s.peak, n)
         stepped = jnp.where(need > 0, s.step, s.step + 1)
@@ -513,10 +540,6 @@ def _sign(words, gens):
     return pauli_words.product_sign(x, z, gx, gz)
 
 
-UNIT_FUNCTIONS = ((clifford_unit, (schedule.U_CLIFFORD,)), (rotation_unit, (schedule.U_SPLIT, schedule.U_LAYER)),
-                  (channel_unit, (schedule.U_CHANNEL,)))
-
-
 def end_rules(kind, limits: Limits, cfg: Config) -> Limits:
     """The rules a unit of this kind applies to every live word at its end (the rotations apply theirs
     inside): a Clifford run the weight rule, unless it ran gate by gate (the other rules do not change
@@ -535,13 +558,18 @@ def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config)
     """Apply units `unit` .. num_units - 1 (starting at pass `step` of the first) to the prefix [0, n).
     Stops at a pass whose appended words would not fit (State.need > 0). Returns the State."""
     num_units = T["num_units"]
+    rotations = (schedule.U_SPLIT, schedule.U_LAYER)
+    layers = (layers_of(T, params, work.words.shape[1] // 2, work.coeffs.dtype)
+              if any(k in cfg.units for k in rotations) else None)
+    unit_functions = ((clifford_unit, (schedule.U_CLIFFORD,)), (functools.partial(rotation_unit, layers=layers), rotations),
+                      (channel_unit, (schedule.U_CHANNEL,)))
 
     def body(st):
         # every kind of unit the program holds, each active only for its own: a loop of zero trips costs
         # nothing, where a lax.switch around loops that scatter made XLA:CPU copy the buffers each trip
         u = st.unit
         kind = T["u_kind"][u]
-        for f, kinds in UNIT_FUNCTIONS:
+        for f, kinds in unit_functions:
             if any(k in cfg.units for k in kinds):
                 st = f(st, u, T, params, limits, cfg, functools.reduce(jnp.logical_or, [kind == k for k in kinds]))
         # the other units' rules at their ends, and their compaction: one loop for every kind
