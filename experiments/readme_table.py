@@ -39,7 +39,7 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "native_peers_h200_2026-11-28_holes.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
+    f = "native_peers_h200_2026-11-28_layers.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))
@@ -49,18 +49,17 @@ def rows() -> list[list[str]]:
         best = min(("paulistrings", "monoprop"), key=lambda t: rec(t, case)[key])
         return f"{'paulistrings-rs' if best == 'paulistrings' else 'monoprop'} (16 cores)", rec(best, case)[key]
 
-    for case, what in (("2D Ising L=4", "2D Ising 4x4 (monoprop's benchmark, 1e-6, 2.0M terms), warm"),
-                       ("2D Ising L=8", "2D Ising 8x8 (5.5M terms), warm")):
+    for case, what in (("KI theta_h=pi/4", "127-qubit kicked Ising <Z62> at pi/4 (1e-4, weight 8)"),
+                       ("2D Ising L=4", "2D Ising 4x4 (monoprop's benchmark, 1e-6, 2.0M terms)"),
+                       ("2D Ising L=6", "2D Ising 6x6 (5.3M terms)"), ("2D Ising L=8", "2D Ising 8x8 (5.5M terms)")):
         name, peer = faster(case, "warm_call_s")
-        out.append(_row(what, d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
-    for case, what in (("2D Ising L=4", "2D Ising 4x4"), ("2D Ising L=8", "2D Ising 8x8")):
+        out.append(_row(f"{what}, warm", d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
+    for case, what in (("KI theta_h=pi/4", "kicked Ising"), ("2D Ising L=4", "2D Ising 4x4"),
+                       ("2D Ising L=8", "2D Ising 8x8")):
         name, peer = faster(case, "first_call_s")
-        out.append(_row(f"{what}, first call in a fresh process, empty compilation cache", d,
-                        rec("ours", case, "empty cache")["first_call_s"], name, peer, [f]))
-    case = "KI theta_h=pi/4"
-    name, peer = faster(case, "warm_call_s")
-    out.insert(0, _row("127-qubit kicked Ising <Z62> at pi/4 (1e-4, weight 8), warm", d,
-                       rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
+        for process in ("empty cache", "filled cache"):
+            out.append(_row(f"{what}, first call in a fresh process, {process.replace('cache', 'compilation cache')}",
+                            d, rec("ours", case, process)["first_call_s"], name, peer, [f]))
     f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)
     ours, peer, runs = d["ours"], d["cupauliprop"], d["fresh_runs"]
