@@ -1,124 +1,175 @@
-"""Reverse mode of the propagation loop: segment checkpoints and each unit's transpose.
+"""Reverse mode of the propagation loop: each unit's recorded coefficient map, transposed by gathers.
 
-With its truncation decisions frozen, every unit of the loop maps the coefficient vector linearly.
-`value_and_grad` runs the units forward in segments of `seg` units, keeping only the buffer at the
-start of each segment; then, last segment first, it replays the segment keeping its units' inputs
-and sweeps it backward: the cotangent of a unit's output coefficients becomes that of its input
-(and of the parameters) by JAX's VJP of the unit's own function (merge, rotation, truncation), or,
-for the diagonal units (Clifford runs, channels: each slot keeps its word, times a factor or 0),
-by that factor, read off a second forward pass of the unit on unit coefficients with no rules.
-The forward and the replay are the same loop body, so the engine compiles once per program.
+With its truncation decisions frozen, every unit maps the coefficient vector linearly, and simply:
+an input slot feeds at most two output slots (engine.Record). The forward pass runs the units with
+`record=True` and keeps each unit's Record; the backward sweep applies their transposes, last unit
+first: lam_in = A * lam_out[own] + B * lam_out[to] (gathers), and for a rotation the angle's
+derivative sum_q c_q (A' lam_out[q] + B' lam_out[to_q]) from the recorded input coefficients. No
+unit runs again in the sweep.
 
-Memory: (num_units / seg + seg) buffers of the capacity; `segment_length` picks seg near
-sqrt(num_units).
+Memory (`record_budget`): a Record is 13 bytes a slot (float64 coefficients) a unit. When the
+records of all units, times the batch being traced, fit a quarter of the device's memory (GPUs: the
+allocator's limit; CPUs: the machine's physical memory) and half of what is free when the gradient
+is traced, one forward pass keeps them all. Otherwise (`checkpointed`) the forward keeps only the
+buffer at the start of each segment of about sqrt(units) units, and each segment runs once more,
+recording, just before its sweep: one replay, (segments + segment length) buffers of memory.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..runtime import memory
+from ..runtime.batching import batch_size
+from ..runtime.prefix import count
 from . import engine, schedule
+from .engine import DAMPED, FED, NEG, OWN, TURN
 from .truncation import Limits
 
-
-def segment_length(num_units: int) -> int:
-    """A power of two near sqrt(num_units) (num_units is a power of two): seg * (num_units / seg)."""
-    return 1 << ((max(num_units, 1).bit_length() - 1 + 1) // 2)
+RECORD_BUDGET: int | None = None  # bytes the records may take; None: record_budget's rule
 
 
-def _diagonal(fn):
-    """Transpose of a unit that keeps every word in its slot: lam_in = factor * lam_out."""
-
-    def back(b_in, u, lam, T, params, limits, cfg):
-        out, _ = fn(b_in, u, T=T, params=params, limits=limits, cfg=cfg)
-        ones = b_in._replace(coeffs=jnp.where(b_in.live, 1, 0).astype(b_in.coeffs.dtype))
-        probe, _ = fn(ones, u, T=T, params=params, limits=Limits(), cfg=cfg)
-        return jnp.where(out.live, probe.coeffs, 0) * lam, jnp.zeros_like(params)
-
-    return back
+def record_budget() -> int:
+    """RECORD_BUDGET, or a quarter of the device's memory and at most half of what is free (read when a
+    gradient is traced)."""
+    if RECORD_BUDGET is not None:
+        return int(RECORD_BUDGET)
+    return min(memory.device_memory_bytes() // 4, memory.available_bytes() // 2)
 
 
-def _by_vjp(fn):
-    """Transpose of a unit by JAX's VJP of its function, in the coefficients and the parameters."""
-
-    def back(b_in, u, lam, T, params, limits, cfg):
-        def f(coeffs, p):
-            out, _ = fn(b_in._replace(coeffs=coeffs), u, T=T, params=p, limits=limits, cfg=cfg)
-            return jnp.where(out.live, out.coeffs, 0)
-
-        _, pull = jax.vjp(f, b_in.coeffs, params)
-        return pull(lam)
-
-    return back
+def record_rows(num_units: int) -> int:
+    """The units a gradient program runs: num_units rounded up to a sixteenth of its power of two (the
+    tables' own padding doubles, which would double the records), so similar circuits share programs."""
+    n = max(int(num_units), 1)
+    step = max(1, (1 << (n - 1).bit_length()) // 16)
+    return -(-n // step) * step
 
 
-def _identity(b_in, u, lam, T, params, limits, cfg):
-    return lam, jnp.zeros_like(params)
+def segment_length(rows: int) -> int:
+    """The checkpointed sweep's segment: a power of two near sqrt(rows) that divides rows."""
+    seg = 1 << ((max(rows, 1).bit_length() - 1 + 1) // 2)
+    while rows % seg:
+        seg //= 2
+    return seg
 
 
-BACKWARD = {schedule.U_MERGE: _by_vjp(engine.merge_unit), schedule.U_CLIFFORD: _diagonal(engine.clifford_unit),
-            schedule.U_SPLIT: _by_vjp(engine.split_unit),
-            schedule.U_CHANNEL: _diagonal(engine.channel_unit), schedule.U_TRUNCATE: _by_vjp(engine.truncate_unit),
-            schedule.U_NOOP: _identity}
+def unit_backward(rec: engine.Record, u, lam, T, params):
+    """(cotangent of unit u's input coefficients, d value / d its angle) from lam, that of its output."""
+    zero = jnp.zeros((), lam.dtype)
+    at = lambda idx: lam.at[idx].get(mode="fill", fill_value=0)  # the capacity: no slot, 0
+    has = lambda bit: (rec.code & bit) != 0
+
+    def diagonal(lam):
+        return rec.value * lam, zero
+
+    def rotation(lam):
+        j, _, _ = engine.generator(T, u)
+        angle = engine._angle(T, j, params).astype(lam.dtype)
+        cos, sin = jnp.cos(angle), jnp.sin(angle)
+        own, fed = jnp.where(has(OWN), lam, 0), jnp.where(has(FED), at(rec.to), 0) * jnp.where(has(NEG), -1, 1)
+        turn = has(TURN)
+        d_angle = jnp.sum(rec.value * (jnp.where(turn, -sin, 0) * own + cos * fed))
+        return jnp.where(turn, cos, 1) * own + sin * fed, d_angle
+
+    def merged(lam):
+        gamma = T["mg_gamma"][T["u_start"][u]].astype(lam.dtype)
+        scale = rec.code & 3
+        factor = jnp.where(scale == 1, 1, jnp.where(scale == 2, jnp.sqrt(1 - gamma), jnp.where(scale == 3, 1 - gamma, 0)))
+        damped = jnp.where(has(DAMPED), gamma * at(rec.value.astype(jnp.int32)), 0)
+        return factor * at(rec.to) + damped, zero
+
+    kind = T["u_kind"][u]
+    index = jnp.where(kind == schedule.U_MERGE, 2, jnp.where(kind == schedule.U_SPLIT, 1, 0))
+    return lax.switch(index, [diagonal, rotation, merged], lam)
 
 
-def unit_backward(b_in, u, lam, T, params, limits, cfg):
-    """(cotangent of unit u's input coefficients, of the parameters) from that of its output."""
-    branches = [partial(BACKWARD[k] if k in cfg.units else _identity, T=T, params=params, limits=limits, cfg=cfg)
-                for k in range(len(BACKWARD))]
-    return lax.switch(T["u_kind"][u], [lambda lam, f=f: f(b_in, u, lam) for f in branches], lam)
+def _param_grads(T, d_angles, params):
+    """d value / d params from each unit's d value / d angle (rotations only; angle = scale p + offset)."""
+    rows = d_angles.shape[0]
+    j = jnp.minimum(T["u_start"][:rows], T["rot_index"].shape[0] - 1)
+    idx = T["rot_index"][j]
+    mine = (T["u_kind"][:rows] == schedule.U_SPLIT) & (idx >= 0)
+    d = jnp.where(mine, T["rot_scale"][j].astype(d_angles.dtype) * d_angles, 0)
+    return jnp.zeros_like(params).at[jnp.where(mine, idx, params.shape[0])].add(d.astype(params.dtype), mode="drop")
 
 
-def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg: engine.Config, seg: int):
-    """(value, final buffer, Progress, d value / d params, d value / d initial coefficients).
-
-    The loop runs all T["u_kind"].shape[0] units (padding units are NOOPs), in cut mode."""
-    total = T["u_kind"].shape[0]
-    num_segments = total // seg
-
-    def forward(carry, s):
-        b, terms, peak = carry
-
-        def one(i, c):
-            b, terms, peak = c
-            u = s * seg + i
-            b, _ = engine.apply_unit(b, u, T, params, limits, cfg)
-            count = jnp.sum(b.live).astype(jnp.int32)
-            return b, terms.at[u].set(count), jnp.maximum(peak, count)
-
-        end = lax.fori_loop(0, seg, one, (b, terms, peak))
-        return end, b
-
-    terms = jnp.zeros(total, jnp.int32)
-    peak = jnp.sum(buf.live).astype(jnp.int32)
-    (end, terms, peak), starts = lax.scan(forward, (buf, terms, peak), jnp.arange(num_segments))
+def _final(end: engine.Buffer, table):
+    """(value, its cotangent on the final coefficients: each live word's overlap)."""
     overlaps = engine.word_overlaps(end.x, end.z, table).astype(end.coeffs.dtype)
     lam = jnp.where(end.live, overlaps, 0)
-    val = jnp.sum(jnp.where(end.live, end.coeffs, 0) * overlaps)
+    return jnp.sum(jnp.where(end.live, end.coeffs, 0) * overlaps), lam
 
-    def backward(carry, s):
-        lam, dp = carry
-        start = jax.tree_util.tree_map(lambda a: a[s], starts)
 
-        def replay(b, i):
-            nb, _ = engine.apply_unit(b, s * seg + i, T, params, limits, cfg)
-            return nb, b
+def _run(T, params, limits, cfg, first):
+    """A lax.scan body over units first, first + 1, ... that keeps their Records and live counts."""
 
-        _, inputs = lax.scan(replay, start, jnp.arange(seg))
+    def one(carry, i):
+        b, peak = carry
+        b, _, rec = engine.apply_unit(b, first + i, T, params, limits, cfg, record=True)
+        live = count(b.live)
+        return (b, jnp.maximum(peak, live)), (rec, live)
 
-        def back(c, i):
-            lam, dp = c
-            b_in = jax.tree_util.tree_map(lambda a: a[i], inputs)
-            lam, d = unit_backward(b_in, s * seg + i, lam, T, params, limits, cfg)
-            return (lam, dp + d), None
+    return one
 
-        (lam, dp), _ = lax.scan(back, (lam, dp), jnp.arange(seg), reverse=True)
-        return (lam, dp), None
 
-    (lam, dp), _ = lax.scan(backward, (lam, jnp.zeros_like(params)), jnp.arange(num_segments), reverse=True)
-    progress = engine.Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms, peak)
-    return val, end, progress, dp, jnp.where(buf.live, lam, 0)
+def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg: engine.Config, rows: int):
+    """(value, final buffer, Progress, d value / d params, d value / d initial coefficients).
+
+    Runs units 0 .. rows - 1 (rows >= the circuit's units; the rest are NOOPs) with the truncation of a
+    program that cuts (no stop). Records all units when they fit record_budget, else checkpointed."""
+    need = rows * engine.record_bytes(cfg.capacity, buf.coeffs.dtype) * batch_size()
+    if need > record_budget():
+        return checkpointed(T, buf, params, limits, table, cfg, rows)
+    (end, peak), (recs, terms) = lax.scan(_run(T, params, limits, cfg, 0), (buf, count(buf.live)),
+                                          jnp.arange(rows))
+    val, lam = _final(end, table)
+    back = lambda lam, xs: unit_backward(xs[0], xs[1], lam, T, params)
+    lam, d_angles = lax.scan(back, lam, (recs, jnp.arange(rows)), reverse=True)
+    return val, end, _progress(T, rows, terms, peak), _param_grads(T, d_angles, params), jnp.where(buf.live, lam, 0)
+
+
+def _progress(T, rows, terms, peak):
+    total = T["u_kind"].shape[0]
+    return engine.Progress(jnp.asarray(rows, jnp.int32), jnp.int32(0),
+                           jnp.zeros(total, jnp.int32).at[:rows].set(terms.reshape(-1)), peak)
+
+
+def checkpointed(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg: engine.Config, rows: int):
+    """value_and_grad keeping only segment starts: one scan over 2 S tasks, the first S running the
+    segments forward (from the buffer), the last S running each segment again from its start, last
+    first, and sweeping back over its records. Forward and replay are one loop body (one copy of the
+    engine in the program)."""
+    seg = segment_length(rows)
+    S = rows // seg
+    starts = jax.tree_util.tree_map(lambda a: jnp.zeros((S,) + a.shape, a.dtype), buf)
+    pick = lambda flag, a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
+
+    def task(carry, t):
+        b, starts, lam, val, d_angles, terms, peak = carry
+        forward = t < S
+        s = jnp.where(forward, t, 2 * S - 1 - t)
+        begin = pick(forward, b, jax.tree_util.tree_map(lambda a: a[s], starts))
+        (end, seg_peak), (recs, counts) = lax.scan(_run(T, params, limits, cfg, s * seg), (begin, peak),
+                                                   jnp.arange(seg))
+        starts = jax.tree_util.tree_map(lambda st, x: st.at[s].set(jnp.where(forward, x, st[s])), starts, begin)
+        b = pick(forward, end, b)
+        terms = terms.at[s].set(jnp.where(forward, counts, terms[s]))
+        peak = jnp.where(forward, seg_peak, peak)
+        val, lam = lax.cond(t == S - 1, lambda: _final(end, table), lambda: (val, lam))
+
+        def sweep(lam):
+            back = lambda lam, xs: unit_backward(xs[0], s * seg + xs[1], lam, T, params)
+            return lax.scan(back, lam, (recs, jnp.arange(seg)), reverse=True)
+
+        lam, d_seg = lax.cond(forward, lambda lam: (lam, jnp.zeros(seg, lam.dtype)), sweep, lam)
+        d_angles = d_angles.at[s].set(jnp.where(forward, d_angles[s], d_seg))
+        return (b, starts, lam, val, d_angles, terms, peak), None
+
+    dtype = buf.coeffs.dtype
+    init = (buf, starts, jnp.zeros_like(buf.coeffs), jnp.zeros((), dtype), jnp.zeros((S, seg), dtype),
+            jnp.zeros((S, seg), jnp.int32), count(buf.live))
+    (end, _, lam, val, d_angles, terms, peak), _ = lax.scan(task, init, jnp.arange(2 * S))
+    return (val, end, _progress(T, rows, terms, peak), _param_grads(T, d_angles.reshape(-1), params),
+            jnp.where(buf.live, lam, 0))

@@ -13,11 +13,9 @@ there and returns the unit's index, and the caller grows the buffer and resumes 
 (propagate.py). Without it (inside a caller's trace, where shapes cannot grow) the unit keeps the
 largest terms and charges the rest to the overflow entry of the dropped norms.
 
-Reverse mode (adjoint.py `value_and_grad`): the forward loop keeps the buffer at the start of every segment
-of units; each segment is replayed, keeping its units' inputs, and swept backward, each unit by
-JAX's VJP of its own function with its truncation decisions frozen (Clifford runs and channels are
-diagonal maps of the coefficients and are transposed directly). Memory: (segments + segment
-length) buffers.
+Reverse mode (adjoint.py): `apply_unit(..., record=True)` also returns the unit's `Record`, its
+coefficient map with the truncation decisions frozen (each slot's destinations and factors), which
+adjoint.py transposes with gathers.
 """
 
 from __future__ import annotations
@@ -84,6 +82,35 @@ class Config(NamedTuple):
     #   and the loop stops there (need COLLIDED); the caller resumes with rooms that order exactly. So the
     #   program holds no exact sort (a sort of 2W + 1 keys a room: seconds of GPU compilation) for an
     #   event of probability ~C^2 / 2^64. Off: every room orders exactly after a collision, inline.
+
+
+class Record(NamedTuple):
+    """One unit's coefficient map with its truncation decisions frozen, per input slot q (C,): the
+    cotangent of q's coefficient is A[q] lam[own] + B[q] lam[to[q]] of the output's cotangent lam.
+
+    diagonal units (Clifford runs, channels, truncations, no-ops): own = q, A = value (the sign or
+    factor, 0 where the word was dropped or the slot is dead), B = 0.
+    rotations: own = q, A = cos (a splitting word; TURN) or 1, where OWN; B = +-sin (NEG), where FED;
+    value = q's input coefficient (d/d angle of A and B times it is the angle's derivative).
+    merges: own = to[q], A = 1, sqrt(1 - gamma) or 1 - gamma (code & 3: 1, 2, 3; 0: dropped);
+    where DAMPED, B = gamma into slot int(value) (the Z word's damped copy)."""
+
+    to: jax.Array  # (C,) int32, C: none
+    code: jax.Array  # (C,) uint8 bits
+    value: jax.Array  # (C,) coefficient dtype
+
+
+OWN, TURN, FED, NEG, DAMPED = 1, 2, 4, 8, 16  # Record.code bits (a merge's low two bits are its factor)
+
+
+def record_bytes(capacity: int, dtype) -> int:
+    """Bytes of one unit's Record."""
+    return capacity * (4 + 1 + jnp.dtype(dtype).itemsize)
+
+
+def _diagonal_record(factor, live, dtype) -> Record:
+    c = live.shape[0]
+    return Record(jnp.full(c, c, jnp.int32), jnp.zeros(c, jnp.uint8), jnp.where(live, factor, 0).astype(dtype))
 
 
 def _elements(start, count, cfg: Config, body, init):
@@ -198,10 +225,10 @@ def _cap(buf: Buffer, limits: Limits, capacity: int) -> Buffer:
 
 # ---- the units ----------------------------------------------------------------------------------------
 
-def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = False):
     """The full merge (of the observable; of amplitude damping's words): Z -> (1-g) Z + g I on a qubit,
     X, Y -> sqrt(1-g) X, Y, then duplicates summed, the rules applied, the survivors compacted.
-    Returns (buffer, slots needed when it overflowed, else 0)."""
+    Returns (buffer, slots needed when it overflowed, else 0) (and its Record, with `record`)."""
     j = T["u_start"][u]
     q = T["mg_qubit"][j]
     damp = T["mg_op"][j] >= 0
@@ -213,8 +240,14 @@ def merge_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     cat = lambda a, b: jnp.concatenate([a, b])
     out = merge.full_merge(cat(buf.words, damped), cat(buf.coeffs * factor, jnp.where(is_z, gamma * buf.coeffs, 0)),
                            cat(buf.meta, jnp.where(is_z, buf.meta, 0)), limits, cfg.capacity, stop=cfg.stop,
-                           exact=cfg.exact)
+                           exact=cfg.exact, moves=record)
     new = Buffer(*out[:3], buf.dropped + out[3])
+    if record:
+        c = cfg.capacity
+        to, damped_to = out[4][:c], out[4][c:]
+        scale = jnp.where(is_z, 3, jnp.where(damp & (xa == 1), 2, 1))
+        code = jnp.where(to < c, scale, 0) | jnp.where(is_z & (damped_to < c), DAMPED, 0)
+        return new, jnp.int32(0), Record(to, code.astype(jnp.uint8), damped_to.astype(buf.coeffs.dtype))
     if not cfg.stop:
         return new, jnp.int32(0)
     need = out[4]
@@ -316,10 +349,18 @@ def _remap(buf: Buffer, touched, image, limits: Limits, capacity: int) -> Buffer
                       + [everywhere], buf)
 
 
-def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = False):
     """A run of Clifford operations: one dense map, or gate by gate (rooms on CPUs, sweeps on GPUs).
     Per gate, the weight rule drops a word after the gate that made it too heavy; per layer (and for
-    a dense map) after the run."""
+    a dense map) after the run. With `record`, the run maps unit coefficients instead: each slot's
+    sign (0 where the weight rule dropped it, a rule of the words alone) is its Record, and the
+    coefficients are multiplied by it (bit for bit what the run makes of them)."""
+    if record:
+        probe, _ = clifford_unit(buf._replace(coeffs=jnp.ones_like(buf.coeffs)), u, T, params, limits, cfg)
+        gone = buf.live & ~probe.live
+        dropped = buf.dropped.at[0].add(jnp.sum(jnp.where(gone, jnp.abs(buf.coeffs), 0)))
+        out = probe._replace(coeffs=buf.coeffs * probe.coeffs, dropped=dropped)
+        return out, jnp.int32(0), _diagonal_record(probe.coeffs, probe.live, buf.coeffs.dtype)
     weight_each = cfg.per == "gate"
     end_limits = limits if not weight_each else Limits()
     gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
@@ -410,19 +451,37 @@ def _split_pick(live_count, splitting, cfg: Config):
     return shared(jnp.maximum(_room_pick(splitting, cfg.rooms[:-1]), jnp.where(needs_cut, smallest_cut, 0)))
 
 
-def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation):
+def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation, record: bool = False):
     """The rotation of unit u with its splitting words in `room` slots (merge.pair_split), no cut after."""
     angle, g, ac, _ = rotation
     out = merge.pair_split(buf.words, buf.coeffs, buf.meta, ac, g, jnp.cos(angle), jnp.sin(angle),
                            limits.off_unless(~T["u_defer"][u]), cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
-                           fits=room < cfg.rooms[-cfg.cut_rooms], report_collisions=cfg.report_collisions)
-    return Buffer(*out[:3], buf.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
+                           fits=room < cfg.rooms[-cfg.cut_rooms], report_collisions=cfg.report_collisions,
+                           moves=record)
+    new = Buffer(*out[:3], buf.dropped + out[3])
+    if record:
+        own, at, fed, negative = out[4]
+        c = cfg.capacity
+        to = jnp.full(c, c, jnp.int32).at[at].set(fed, mode="drop")
+        neg = jnp.zeros(c, bool).at[at].set(negative, mode="drop")
+        bits = lambda m, b: jnp.where(m, b, 0)
+        code = bits(own, OWN) | bits(ac, TURN) | bits(to < c, FED) | bits(neg, NEG)
+        return new, jnp.int32(0), Record(to, code.astype(jnp.uint8), buf.coeffs)
+    return new, (out[4] if cfg.stop else jnp.int32(0))
 
 
-def _room_branches(u, T, limits, cfg: Config, rotation) -> list:
+def _unsplit(buf: Buffer, u=None, **_):
+    """A rotation that splits no word, with its Record: every live word keeps its slot."""
+    c = buf.coeffs.shape[0]
+    return buf, jnp.int32(0), Record(jnp.full(c, c, jnp.int32), jnp.where(buf.live, OWN, 0).astype(jnp.uint8),
+                                     buf.coeffs)
+
+
+def _room_branches(u, T, limits, cfg: Config, rotation, record: bool = False) -> list:
     """The rotation of unit u in each of cfg.rooms (`_split_in`), one switch branch a room; without
     cfg.whole_room the last branch writes nothing and needs WHOLE_ROOM."""
-    branches = [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation) for r in cfg.rooms]
+    branches = [partial(_split_in, u=u, T=T, limits=limits, cfg=cfg, room=r, rotation=rotation, record=record)
+                for r in cfg.rooms]
     if not cfg.whole_room:
         branches[-1] = lambda b: (b, jnp.int32(WHOLE_ROOM))
     return branches
@@ -492,32 +551,43 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(need != 0, a, b), buf, out), need
 
 
-def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+def _channel_factor(T, j, valid, words):
+    """Each word's factor under channel j (1 where not `valid`)."""
+    j = jnp.minimum(j, T["ch_qubit"].shape[0] - 1)
+    x, z = merge.halves(words)
+    q = T["ch_qubit"][j]
+    code = (pauli_words.get_site(x, q) | pauli_words.get_site(z, q) << 1).astype(jnp.int32)
+    return jnp.where(valid, T["ch_factor"][j][code], 1)
+
+
+def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = False):
     """Pauli channels: each scales a word by the factor of its code on the channel's qubit; per gate,
-    the coefficient rule drops what falls under it after each channel."""
+    the coefficient rule drops what falls under it after each channel. Record: the product of the
+    factors where the word stays (the channels keep words in their slots)."""
     each = Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.per == "gate" else Limits()
 
     def one(j, valid, b):
-        j = jnp.minimum(j, T["ch_qubit"].shape[0] - 1)
-        q = T["ch_qubit"][j]
-        code = (pauli_words.get_site(b.x, q) | pauli_words.get_site(b.z, q) << 1).astype(jnp.int32)
-        factor = jnp.where(valid, T["ch_factor"][j][code], 1).astype(b.coeffs.dtype)
-        b = b._replace(coeffs=b.coeffs * factor)
+        b = b._replace(coeffs=b.coeffs * _channel_factor(T, j, valid, b.words).astype(b.coeffs.dtype))
         return _drop_rules(b, each) if each.min_abs_coeff is not None else b
 
-    buf = _elements(T["u_start"][u], T["u_count"][u], cfg, one, buf)
+    out = _elements(T["u_start"][u], T["u_count"][u], cfg, one, buf)
     if cfg.per == "layer":
-        buf = _cap(_drop_rules(buf, limits), limits, cfg.capacity)
-    return buf, jnp.int32(0)
+        out = _cap(_drop_rules(out, limits), limits, cfg.capacity)
+    if not record:
+        return out, jnp.int32(0)
+    product = lambda j, valid, f: f * _channel_factor(T, j, valid, buf.words).astype(f.dtype)
+    factor = _elements(T["u_start"][u], T["u_count"][u], cfg, product, jnp.ones_like(buf.coeffs))
+    return out, jnp.int32(0), _diagonal_record(factor, out.live, buf.coeffs.dtype)
 
 
-def truncate_unit(buf: Buffer, u, T, params, limits, cfg: Config):
+def truncate_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = False):
     """The rules on the whole buffer (the end of a step whose rotations deferred them)."""
-    return _cap(_drop_rules(buf, limits), limits, cfg.capacity), jnp.int32(0)
+    out = _cap(_drop_rules(buf, limits), limits, cfg.capacity)
+    return (out, jnp.int32(0)) + ((_diagonal_record(1, out.live, buf.coeffs.dtype),) if record else ())
 
 
-def noop_unit(buf: Buffer, u, T, params, limits, cfg: Config):
-    return buf, jnp.int32(0)
+def noop_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = False):
+    return (buf, jnp.int32(0)) + ((_diagonal_record(1, buf.live, buf.coeffs.dtype),) if record else ())
 
 
 UNIT_FUNCTIONS = {schedule.U_MERGE: merge_unit, schedule.U_CLIFFORD: clifford_unit, schedule.U_SPLIT: split_unit,
@@ -525,14 +595,18 @@ UNIT_FUNCTIONS = {schedule.U_MERGE: merge_unit, schedule.U_CLIFFORD: clifford_un
                   schedule.U_LAYER: layer_unit}
 
 
-def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, acts=None):
-    """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0).
+def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, acts=None,
+               record: bool = False):
+    """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0), and
+    with `record` (not with cfg.stop) the unit's Record as a third entry.
 
     One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
     picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
     copy of the buffer on CPUs and a wait for the host on GPUs), then the largest-terms cut after a
     rotation. live_count: the buffer's live words, when the caller knows it. acts: a superset of
     the live words' `support`, when the caller keeps one. Inactive: a no-op."""
+    if record and (cfg.stop or schedule.U_LAYER in cfg.units):
+        raise ValueError("units record their maps only in programs that cut (no stop) and have no LAYER units")
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
     split = kind == schedule.U_SPLIT
@@ -540,15 +614,26 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
     pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
     index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), schedule.U_NOOP)
-    common = dict(T=T, params=params, limits=limits, cfg=cfg)
+    common = dict(T=T, params=params, limits=limits, cfg=cfg, **({"record": True} if record else {}))
     branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != schedule.U_SPLIT else noop_unit, u=u, **common)
                 for k in range(kinds)]
+    if record:
+        branches[schedule.U_SPLIT] = _unsplit
     if schedule.U_SPLIT in cfg.units:
-        branches += _room_branches(u, T, limits, cfg, rotation)
-    buf, need = lax.switch(shared(index), [lambda b, f=f: f(b) for f in branches], buf)
+        branches += _room_branches(u, T, limits, cfg, rotation, record)
+    out = lax.switch(shared(index), [lambda b, f=f: f(b) for f in branches], buf)
+    buf, need = out[:2]
     if schedule.U_SPLIT in cfg.units:
         buf = _cap(buf, limits.off_unless(split & ~T["u_defer"][u]), cfg.capacity)
-    return buf, need
+    if not record:
+        return buf, need
+    rec = out[2]
+    if schedule.U_SPLIT in cfg.units and limits.max_terms is not None:  # what the cut dropped feeds nothing
+        live, c = buf.live, cfg.capacity
+        kept = jnp.where(live, OWN, 0) | jnp.where(live[jnp.minimum(rec.to, c - 1)] & (rec.to < c), FED, 0)
+        code = jnp.where(split, rec.code & (kept | TURN | NEG), rec.code)
+        rec = rec._replace(code=code.astype(jnp.uint8))
+    return buf, need, rec
 
 
 # ---- the loop ------------------------------------------------------------------------------------------

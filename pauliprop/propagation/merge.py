@@ -191,11 +191,13 @@ def rule_charges(limits, coeffs, weights, sins, candidate):
     return candidate & ~drop_w & ~drop_c & ~drop_s, charge
 
 
-def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = False, exact: bool = False):
+def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = False, exact: bool = False,
+               moves: bool = False):
     """Merge duplicates among all live candidates, truncate, compact into `capacity` slots.
 
     Returns (words, coeffs, meta, dropped[5]); with `stop` also the slots the result needs (above `capacity`: an overflow that no max_terms cut brings under it, and the output
-    is void). exact: the words sort by their own bits (merge.hashes).
+    is void). exact: the words sort by their own bits (merge.hashes). moves: also each candidate's
+    output slot (`capacity`: dropped or dead), the frozen map that reverse mode records.
     """
     limits = as_limits(truncation)
     m = words.shape[0]
@@ -243,6 +245,9 @@ def full_merge(words, coeffs, meta, truncation, capacity: int, stop: bool = Fals
     if stop:
         overflow = shared((need > capacity) & (rule == 4))
         out = (*out, jnp.where(overflow, need, 0))
+    if moves:  # each sorted entry goes where its run's head went
+        at_run = jnp.full(m, capacity, jnp.int32).at[run].min(jnp.where(head, dest, capacity))
+        out = (*out, jnp.full(m, capacity, jnp.int32).at[order].set(jnp.where(ls, at_run[run], capacity)))
     return out
 
 
@@ -283,7 +288,7 @@ COLLIDED = -1  # pair_split's "slots needed" when it met a fingerprint collision
 
 
 def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, room: int, stop: bool = False,
-               exact: bool = False, fits: bool = False, report_collisions: bool = False):
+               exact: bool = False, fits: bool = False, report_collisions: bool = False, moves: bool = False):
     """Rotation exp(-i a/2 G) on a buffer of distinct live words, touching only the splitting words.
     g (2W,), cos and sin (scalars): one rotation. Or one a slot (g (C, 2W), cos and sin (C,)): each
     word P turns by its own generator, where P and P xor G have the same one (engine.layer_unit).
@@ -304,7 +309,10 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     report_collisions (with `stop`): two words whose fingerprints collide are not ordered exactly
     here; the rotation writes nothing and the slots needed are COLLIDED, for the caller to redo it
     in a program that orders exactly (so the usual program holds no exact sort).
-    Returns (words, coeffs, meta, dropped[5]) (and the slots needed, with `stop`).
+    Returns (words, coeffs, meta, dropped[5]) (and the slots needed, with `stop`); with `moves` (not with
+    `stop`) also the frozen map reverse mode records: (each slot keeps its own word, scaled: (capacity,)
+    bool; per room entry its slot (capacity: none), the slot its sine feeds (capacity: none) and
+    whether that feed is negated).
     """
     limits = as_limits(truncation)
     cap = words.shape[0]
@@ -411,8 +419,15 @@ def pair_split(words, coeffs, meta, ac, g, cos, sin, truncation, capacity: int, 
     slot = first_set(~live, room)
     rank = prefix_count(keep_new) - 1
     dest = jnp.where(keep_new, slot[jnp.clip(rank, 0, room - 1)], cap)
+    own = live  # the words that keep their slot (before spawned words take free ones)
     words = words.at[dest].set(sw, mode="drop")
     coeffs = coeffs.at[dest].set(sc, mode="drop")
     meta = meta.at[dest].set(pack_meta(jnp.ones_like(keep_new), ss), mode="drop")
     out = (words, coeffs, meta, dropped)
-    return (*out, jnp.where(overflow, need, 0).astype(jnp.int32)) if stop else out
+    if stop:
+        return (*out, jnp.where(overflow, need, 0).astype(jnp.int32))
+    if moves:  # a sine feeds the partner's slot where the partner's mixed word stays, else the spawned word's
+        them = jnp.minimum(src[partner], cap - 1)
+        fed = jnp.where(paired, jnp.where(own[them], them, cap), dest)
+        out = (*out, (own, jnp.where(valid, src, cap), jnp.where(valid, fed, cap), sign < 0))
+    return out

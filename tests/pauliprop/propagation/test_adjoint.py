@@ -10,6 +10,7 @@ differences wherever the support does not change between the two evaluation poin
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from functools import partial
 
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop.models import ansatz
 from pauliprop.propagation import adjoint
+from pauliprop.propagation.propagate import lowered
 
 from .. import _reference as R
 from .._strategies import (ALL_KINDS, CAPACITY, SMALL_CAPACITY, SMALL_OPS, SMALL_TERMS, UNITARY_KINDS, UNITARY_OPS,
@@ -46,10 +48,13 @@ def _central(f, p, h=1e-5):
 
 # ---- each unit's transpose -------------------------------------------------------------------------
 
-def _unit_adjoint_mismatch(circuit, h, params, trunc, cap, seed=0):
-    """Run the engine's units one by one; for each, check that its backward map is the transpose of
-    its coefficient map with the truncation frozen: <lam, f(c)> = <f^T(lam), c> for a random lam
-    (f is linear in c once its decisions are fixed). Returns (units run, largest relative mismatch)."""
+def _unit_adjoint_mismatch(circuit, h, params, trunc, cap, seed=0, explicit=False):
+    """Run the engine's units one by one, each with record=True, and check for each: its output is the
+    plain unit's, bit for bit; the transpose its Record gives (adjoint.unit_backward: cotangents of the
+    input coefficients and of the parameters) equals JAX's VJP of the unit's coefficient map (in the
+    coefficients and the parameters, its truncation decisions frozen where the forward took them)
+    for a random cotangent; with `explicit`, also the whole matrix: the Record's transpose of every
+    unit vector against the map's Jacobian by forward mode. Returns (units run, largest mismatch)."""
     from pauliprop.propagation import propagate as P
     from pauliprop.propagation import engine
 
@@ -59,22 +64,47 @@ def _unit_adjoint_mismatch(circuit, h, params, trunc, cap, seed=0):
     buf = jax.tree_util.tree_map(jnp.asarray, P._initial_buffer(h, cap, dtype))
     cfg, limits = P.config(low, trunc, cap, False, jax.default_backend()), trunc.limits(dtype)
     T = {k: jnp.asarray(v) for k, v in low.tables.items()}
+    rows = T["u_kind"].shape[0]
+
+    static = cfg._replace(static_loops=int(max(low.units.count.max(initial=1), 1)))  # loops JAX can reverse
+
+    def coeff_map(coeffs, q, b, u):
+        out = engine.apply_unit(b._replace(coeffs=coeffs), u, T, q, limits, static)[0]
+        return jnp.where(out.live, out.coeffs, 0)
+
     step = jax.jit(lambda b, u: engine.apply_unit(b, u, T, p, limits, cfg)[0])
-    back = jax.jit(lambda b, u, lam: adjoint.unit_backward(b, u, lam, T, p, limits, cfg)[0])
+    recorded = jax.jit(lambda b, u: engine.apply_unit(b, u, T, p, limits, cfg, record=True))
+
+    def transpose(rec, u, lam):
+        lam_in, d_angle = adjoint.unit_backward(rec, u, lam, T, p)
+        return lam_in, adjoint._param_grads(T, jnp.zeros(rows, dtype).at[u].set(d_angle), p)
+
+    back = jax.jit(transpose)
+    vjp = jax.jit(lambda b, u, lam: jax.vjp(lambda c, q: coeff_map(c, q, b, u), b.coeffs, p)[1](lam))
+    matrix = jax.jit(lambda b, u: jax.jacfwd(coeff_map)(b.coeffs, p, b, u))
+    columns = jax.jit(jax.vmap(lambda rec, u, lam: transpose(rec, u, lam)[0], in_axes=(None, None, 0)))
     rng, worst = np.random.default_rng(seed), 0.0
     for u in range(low.units.length):
         out = step(buf, u)
+        out_r, _, rec = recorded(buf, u)
+        for a, b in zip(out[:3], out_r[:3]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(out.dropped), np.asarray(out_r.dropped), rtol=1e-12, atol=1e-14)
         lam = jnp.asarray(rng.normal(size=cap))
-        lhs = float(jnp.sum(lam * jnp.where(out.live, out.coeffs, 0)))
-        rhs = float(jnp.sum(back(buf, u, lam) * jnp.where(buf.live, buf.coeffs, 0)))
-        worst = max(worst, abs(lhs - rhs) / max(1.0, abs(lhs)))
+        (lam_in, dp), (lam_ref, dp_ref) = back(rec, u, lam), vjp(buf, u, lam)
+        scale = max(1.0, float(jnp.abs(lam_ref).max()), float(jnp.abs(dp_ref).max(initial=0)))
+        worst = max(worst, float(jnp.abs(lam_in - lam_ref).max()) / scale,
+                    float(jnp.abs(dp - dp_ref).max(initial=0)) / scale)
+        if explicit:  # row k of the map's matrix is the transpose of the k-th unit vector
+            m = matrix(buf, u)
+            worst = max(worst, float(jnp.abs(columns(rec, u, jnp.eye(cap, dtype=dtype)) - m).max()))
         buf = out
     return low.units.length, worst
 
 
 @pytest.mark.usefixtures("several_rooms")
 @pytest.mark.parametrize("case", ["overflow", "max_terms", "max_weight"])
-def test_every_unit_backward_is_the_transpose_of_its_coefficient_map(case):
+def test_every_unit_record_is_the_transpose_of_its_coefficient_map(case):
     """Also where a cut drops words and spawned words reuse their slots (capacity overflow,
     max_terms) or Clifford runs drop heavy words."""
     c, h, p = _layered()
@@ -86,14 +116,26 @@ def test_every_unit_backward_is_the_transpose_of_its_coefficient_map(case):
     assert units > 10 and worst < 1e-12
 
 
+def test_unit_records_are_the_transposes_of_the_explicit_matrices():
+    """Small buffers: every unit's whole transpose against the Jacobian of its map (forward mode),
+    through Clifford runs, rotations (paired and spawning), a per-layer truncation, the merges."""
+    c = pp.Circuit(3).rx(0, pp.Param(0)).h(1).rzz(0, 1, pp.Param(1)).cx(1, 2).ry(2, pp.Param(2))
+    c.pauli_rotation("XYZ", [0, 1, 2], 2 * pp.Param(0) + 0.3).s(0).rx(1, pp.Param(1))
+    h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.7), ("X", [2], -0.4), ("ZZ", [0, 1], 0.1)], 3)
+    for trunc in (pp.Truncation(), pp.Truncation(min_abs_coeff=0.05, per="layer")):
+        units, worst = _unit_adjoint_mismatch(c, h, [0.3, -1.1, 0.8], trunc, 64, explicit=True)
+        assert units > 5 and worst < 1e-12
+
+
 @settings(max_examples=3)
 @given(st.data())
-def test_noisy_unit_backwards_are_the_transposes_of_their_maps(data):
+def test_noisy_unit_records_are_the_transposes_of_their_maps(data):
+    """Channels and amplitude damping (a merge of each word with its damped copy) too."""
     n = data.draw(st.integers(1, 3))
     c = build(n, data.draw(anchored_ops(n, SMALL_OPS, ALL_KINDS, noise=True)))
     h = paulisum(data.draw(observable_terms(n, SMALL_TERMS, distinct=True)).items(), n)
     _, worst = _unit_adjoint_mismatch(c, h, data.draw(params_vector()), pp.Truncation(min_abs_coeff=1e-2),
-                                      SMALL_CAPACITY)
+                                      SMALL_CAPACITY, explicit=True)
     assert worst < 1e-12
 
 
@@ -233,18 +275,20 @@ def test_jit_of_value_and_grad_compiles_once_per_circuit_shape():
         np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
 
 
-# ---- memory -----------------------------------------------------------------------------------------
+# ---- memory: records, or checkpoints and one replay -----------------------------------------------
 
-def test_every_segment_length_gives_the_same_gradient(monkeypatch):
-    """Reverse mode replays segments of `seg` units from saved starts: one unit per segment, the
-    default (about sqrt of the units) and one segment for all must agree (exactly on CPUs), batched too."""
+def test_recorded_and_checkpointed_reverse_modes_give_the_same_gradient(record_budget, monkeypatch):
+    """All records kept, or segment starts kept and each segment replayed once (segments of one unit,
+    the default of about sqrt(units), one for all): the same gradient (bit for bit on CPUs), batched too."""
     c, h, p = _layered()
     trunc, out = pp.Truncation(min_abs_coeff=1e-3, max_weight=4), []
     batch = jnp.stack([jnp.asarray(p), 0.5 * jnp.asarray(p)])
+    f = lambda q: pp.expectation(c, h, q, truncation=trunc, capacity=1024)
+    out.append((jax.value_and_grad(f)(jnp.asarray(p)), jax.vmap(jax.value_and_grad(f))(batch)))
     default = adjoint.segment_length
     for choose in (lambda n: 1, default, lambda n: n):
         monkeypatch.setattr(adjoint, "segment_length", choose)
-        f = lambda q: pp.expectation(c, h, q, truncation=trunc, capacity=1024)
+        record_budget(0)
         out.append((jax.value_and_grad(f)(jnp.asarray(p)), jax.vmap(jax.value_and_grad(f))(batch)))
     # bit for bit on CPUs; a GPU's reductions may round the last bit differently (H100, 2026-11-25)
     same = np.testing.assert_array_equal if jax.default_backend() == "cpu" else partial(
@@ -257,14 +301,63 @@ def test_every_segment_length_gives_the_same_gradient(monkeypatch):
     same(np.asarray(many_a[1][0]), np.asarray(one_a[1]))
 
 
-def test_reverse_mode_memory_grows_as_the_square_root_of_depth():
-    """Hardware-efficient circuits of 330 and 660 gates: the gradient equals the state vector's, and
-    doubling the depth grows the compiled program's scratch memory far less than 2x (about sqrt(2):
-    the saved segment starts and one segment's unit inputs)."""
+@pytest.fixture
+def record_budget(monkeypatch):
+    """set(bytes): adjoint.RECORD_BUDGET for this test. The budget is read when a gradient is traced, and
+    JAX keeps traces: they are cleared on each change and after the test."""
+
+    def set_budget(nbytes):
+        monkeypatch.setattr(adjoint, "RECORD_BUDGET", nbytes)
+        jax.clear_caches()
+
+    yield set_budget
+    monkeypatch.setattr(adjoint, "RECORD_BUDGET", None)
+    jax.clear_caches()
+
+
+def _sorts(fn, *args) -> int:
+    """Sort instructions of fn's compiled program: each copy of the engine's loop body holds the same."""
+    return len(re.findall(r"= \S+ sort\(", jax.jit(fn).lower(*args).compile().as_text()))
+
+
+@pytest.mark.parametrize("budget", ["fits", "short"])
+def test_reverse_mode_runs_each_unit_once_and_replays_only_when_the_records_do_not_fit(record_budget, monkeypatch,
+                                                                                       budget):
+    """The gradient program holds one copy of the engine's loop body, as the value's does (no unit run
+    inside a VJP, no separate replay loop): the forward pass records and the sweep only transposes.
+    The records of all units, times the batch, are kept when they fit the budget; else the segments
+    replay once, in the same loop body."""
+    from pauliprop.propagation import engine
+
+    c, h, p = _layered(n=4, layers=2)
+    cap, batch = 256, 4
+    rows = adjoint.record_rows(lowered(c, pp.Truncation()).units.length)
+    need = rows * engine.record_bytes(cap, jnp.float64) * batch
+    record_budget(need if budget == "fits" else need - 1)
+    modes, checkpointed = [], adjoint.checkpointed
+    monkeypatch.setattr(adjoint, "checkpointed", lambda *a: modes.append("replay") or checkpointed(*a))
+    f = lambda q: pp.expectation(c, h, q, capacity=cap)
+    ps = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, (batch, c.num_params)))
+    vals, grads = jax.jit(jax.vmap(jax.value_and_grad(f)))(ps)
+    assert modes == ([] if budget == "fits" else ["replay"])
+    v_ref, g_ref = jax.vmap(jax.value_and_grad(lambda q: pp.expectation(c, h, q, method="statevector")))(ps)
+    np.testing.assert_allclose(np.asarray(vals), np.asarray(v_ref), atol=1e-10)
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(g_ref), atol=1e-8)
+    assert _sorts(jax.vmap(jax.value_and_grad(f)), ps) == _sorts(jax.vmap(f), ps) > 0
+
+
+def test_reverse_mode_memory_records_every_unit_or_grows_as_the_square_root_of_depth(record_budget):
+    """Hardware-efficient circuits of 330 and 660 gates: the gradient equals the state vector's; with
+    the records kept the program's scratch memory holds them all (13 bytes a slot a unit); without,
+    doubling the depth grows it far less than 2x (about sqrt(2): the saved segment starts and one
+    segment's records)."""
+    from pauliprop.propagation import engine
+
     n, cap = 4, 256  # room for all 4^4 words: untruncated
     h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.7), ("X", [3], -0.4), ("ZXZ", [1, 2, 3], 0.2)], n)
     scratch = []
-    for layers in (30, 60):
+    for budget, layers in ((None, 30), (0, 30), (0, 60)):
+        record_budget(budget)
         c = ansatz.hardware_efficient(n, layers, rotations=("ry", "rz"), entangler="cz", final_rotations=False)
         p = jnp.asarray(np.random.default_rng(2).uniform(-1, 1, c.num_params))
         f = lambda q: pp.expectation(c, h, q, capacity=cap)
@@ -276,4 +369,7 @@ def test_reverse_mode_memory_grows_as_the_square_root_of_depth():
             v_ref, g_ref = jax.value_and_grad(lambda q: pp.expectation(c, h, q, method="statevector"))(p)
             assert abs(float(v) - float(v_ref)) < 1e-10
             np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-8)
-    assert scratch[1] < 1.6 * scratch[0], scratch
+        if budget is None:
+            rows = adjoint.record_rows(lowered(c, pp.Truncation()).units.length)
+            assert scratch[-1] >= rows * engine.record_bytes(cap, jnp.float64)
+    assert scratch[1] < scratch[0] and scratch[2] < 1.6 * scratch[1], scratch
