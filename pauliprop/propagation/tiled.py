@@ -425,7 +425,7 @@ def turning_at(words, valid, j, layer: Layer):
 def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, layers: Layer | None = None) -> State:
     """A rotation or a layer of rotations on disjoint qubits, in passes (the module docstring); stops
     before a pass whose appended words would not fit, to resume at that pass. Inactive: no pass.
-    layers: every unit's layer tables (`layers_of`), or None: this unit's are made here."""
+    layers: every unit's layer tables (`layers_of`, for the kernels), or None: this unit's are made here."""
     lanes = st.work.words.shape[1] // 2
     if layers is None:
         layers, row = jax.tree_util.tree_map(lambda t: t[None], layer_of(T, u, params, lanes, st.work.coeffs.dtype)), 0
@@ -559,8 +559,11 @@ def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config)
     Stops at a pass whose appended words would not fit (State.need > 0). Returns the State."""
     num_units = T["num_units"]
     rotations = (schedule.U_SPLIT, schedule.U_LAYER)
+    # the kernels read every unit's tables made once (a unit's own cost about twenty small launches); the XLA
+    # passes make each unit's own (2-core CPU, 3x3 Ising: the shared tables ran 10% slower, made for every
+    # padded unit)
     layers = (layers_of(T, params, work.words.shape[1] // 2, work.coeffs.dtype)
-              if any(k in cfg.units for k in rotations) else None)
+              if cfg.fused and any(k in cfg.units for k in rotations) else None)
     unit_functions = ((clifford_unit, (schedule.U_CLIFFORD,)), (functools.partial(rotation_unit, layers=layers), rotations),
                       (channel_unit, (schedule.U_CHANNEL,)))
 

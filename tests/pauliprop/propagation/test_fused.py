@@ -97,17 +97,15 @@ def test_untruncated_kernels_equal_the_statevector(kernels):
     assert bool(np.all(np.asarray(work.table) == pairing.EMPTY)) and not bool(np.any(np.asarray(work.gone)))
 
 
-@pytest.mark.parametrize("mode", ["interpret", ""])
-def test_each_units_own_layer_tables_give_the_same_answer(kernels, mode):
+def test_each_units_own_layer_tables_give_the_same_answer(kernels):
     """Past tiled.LAYER_TABLES_BYTES each unit makes its own layer tables in the loop (row 0 of tables of
-    one unit) instead of reading its row of every unit's: word for word the same, kernels and XLA."""
+    one unit) instead of the kernels reading its row of every unit's: word for word the same."""
     from pauliprop.propagation import tiled
 
     rng = np.random.default_rng(5)
     c, params = _layered(9, 3, rng)
     h = _observable(9, rng)
     truncation = pp.Truncation(min_abs_coeff=1e-3, max_weight=5)
-    kernels.setitem(prop.FUSED, "cpu", mode)
     want = _run(c, h, params, truncation)
     kernels.setattr(tiled, "LAYER_TABLES_BYTES", 0)
     prop._tiled_jit.cache_clear()  # the constant is read when the program is traced
