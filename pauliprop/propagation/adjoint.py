@@ -23,7 +23,7 @@ from jax import lax
 
 from ..runtime import memory
 from ..runtime.batching import batch_size
-from ..runtime.prefix import count
+from ..runtime.prefix import count, on_cpu
 from . import engine, schedule
 from .engine import DAMPED, FED, NEG, OWN, TURN
 from .truncation import Limits
@@ -56,33 +56,43 @@ def segment_length(rows: int) -> int:
 
 
 def unit_backward(rec: engine.Record, u, lam, T, params):
-    """(cotangent of unit u's input coefficients, d value / d its angle) from lam, that of its output."""
+    """(cotangent of unit u's input coefficients, d value / d its angle) from lam, that of its output.
+
+    CPUs pick the unit kind's transpose in a lax.switch (a diagonal unit gathers nothing); GPUs compute
+    all three and select, where a conditional would wait for the host at every unit."""
     zero = jnp.zeros((), lam.dtype)
     at = lambda idx: lam.at[idx].get(mode="fill", fill_value=0)  # the capacity: no slot, 0
     has = lambda bit: (rec.code & bit) != 0
+    kind = T["u_kind"][u]
 
     def diagonal(lam):
         return rec.value * lam, zero
 
-    def rotation(lam):
+    def rotation(lam, to_lam):
         j, _, _ = engine.generator(T, u)
         angle = engine._angle(T, j, params).astype(lam.dtype)
         cos, sin = jnp.cos(angle), jnp.sin(angle)
-        own, fed = jnp.where(has(OWN), lam, 0), jnp.where(has(FED), at(rec.to), 0) * jnp.where(has(NEG), -1, 1)
+        own, fed = jnp.where(has(OWN), lam, 0), jnp.where(has(FED), to_lam, 0) * jnp.where(has(NEG), -1, 1)
         turn = has(TURN)
         d_angle = jnp.sum(rec.value * (jnp.where(turn, -sin, 0) * own + cos * fed))
         return jnp.where(turn, cos, 1) * own + sin * fed, d_angle
 
-    def merged(lam):
+    def merged(to_lam, damped_to):
         gamma = T["mg_gamma"][T["u_start"][u]].astype(lam.dtype)
         scale = rec.code & 3
         factor = jnp.where(scale == 1, 1, jnp.where(scale == 2, jnp.sqrt(1 - gamma), jnp.where(scale == 3, 1 - gamma, 0)))
-        damped = jnp.where(has(DAMPED), gamma * at(rec.value.astype(jnp.int32)), 0)
-        return factor * at(rec.to) + damped, zero
+        return factor * to_lam + jnp.where(has(DAMPED), gamma * at(damped_to), 0), zero
 
-    kind = T["u_kind"][u]
-    index = jnp.where(kind == schedule.U_MERGE, 2, jnp.where(kind == schedule.U_SPLIT, 1, 0))
-    return lax.switch(index, [diagonal, rotation, merged], lam)
+    is_merge, is_split = kind == schedule.U_MERGE, kind == schedule.U_SPLIT
+    if on_cpu():
+        index = jnp.where(is_merge, 2, jnp.where(is_split, 1, 0))
+        return lax.switch(index, [diagonal, lambda lam: rotation(lam, at(rec.to)),
+                                  lambda lam: merged(at(rec.to), rec.value.astype(jnp.int32))], lam)
+    to_lam = at(rec.to)
+    damped_to = jnp.where(is_merge, rec.value, lam.shape[0]).astype(jnp.int32)  # value: a coefficient elsewhere
+    pick = lambda a, b, c: jax.tree_util.tree_map(
+        lambda x, y, z: jnp.where(is_merge, z, jnp.where(is_split, y, x)), a, b, c)
+    return pick(diagonal(lam), rotation(lam, to_lam), merged(to_lam, damped_to))
 
 
 def _param_grads(T, d_angles, params):

@@ -116,10 +116,15 @@ def test_every_unit_record_is_the_transpose_of_its_coefficient_map(case):
     assert units > 10 and worst < 1e-12
 
 
-def test_unit_records_are_the_transposes_of_the_explicit_matrices():
+@pytest.mark.parametrize("branches", ["switch", "select"])
+def test_unit_records_are_the_transposes_of_the_explicit_matrices(monkeypatch, branches):
     """Small buffers: every unit's whole transpose against the Jacobian of its map (forward mode),
-    through Clifford runs, rotations (paired and spawning), a per-layer truncation, the merges."""
+    through Clifford runs, rotations (paired and spawning), channels, a per-layer truncation, the
+    merges (the observable's, amplitude damping's); by the CPUs' switch over the unit kinds and by
+    the GPUs' select."""
+    monkeypatch.setattr(adjoint, "on_cpu", lambda: branches == "switch")
     c = pp.Circuit(3).rx(0, pp.Param(0)).h(1).rzz(0, 1, pp.Param(1)).cx(1, 2).ry(2, pp.Param(2))
+    c.amplitude_damp(0, 0.3).depolarize(2, 0.1)
     c.pauli_rotation("XYZ", [0, 1, 2], 2 * pp.Param(0) + 0.3).s(0).rx(1, pp.Param(1))
     h = pp.PauliSum.from_list([("ZZ", [0, 1], 0.7), ("X", [2], -0.4), ("ZZ", [0, 1], 0.1)], 3)
     for trunc in (pp.Truncation(), pp.Truncation(min_abs_coeff=0.05, per="layer")):
