@@ -631,22 +631,24 @@ def flatten(structure, tables, num_qubits: int, num_measurements: int) -> tuple[
     return Flat(out, ops, bucket(depth) if depth else 0), qubits, records
 
 
-def run_flat(table, ops, depth: int, carry, step_ops, key, read=None, write=None):
+def run_flat(table, ops, depth: int, carry, step_ops, key, read=None, write=None, fold=None):
     """`run_segments` for a Flat program: one `lax.while_loop` over its rows, whose step runs row `pc`
     (the op-kind switch, as run_segments' scan step) and then moves `pc` on, or back to a loop's first
     row while the loop's counter (one a nesting level) is short of its count. One step body for the
-    whole program, whatever its repeats: compile time does not grow with the circuit's structure."""
+    whole program, whatever its repeats: compile time does not grow with the circuit's structure.
+    fold(key, counter) gives an op's key (default jax.random.fold_in)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     read = read or (lambda c, row: c)
     write = write or (lambda c, row, result: result)
+    fold = fold or jax.random.fold_in
 
     def body(state):
         pc, loops, c = state
         row = {name: a[pc] for name, a in table.items()}
-        result = lax.switch(row["kind"], step_ops, read(c, row), row, jax.random.fold_in(key, c.counter))
+        result = lax.switch(row["kind"], step_ops, read(c, row), row, fold(key, c.counter))
         c = write(c, row, result)._replace(counter=c.counter + 1)
         if depth == 0:
             return pc + 1, loops, c

@@ -55,8 +55,49 @@ def zeros(num_qubits: int, words: int) -> Frames:
     return Frames(jnp.zeros((num_qubits, words), jnp.uint32), jnp.zeros((num_qubits, words), jnp.uint32))
 
 
+def key_words(key) -> jax.Array:
+    """The two uint32 words (2,) of a key: a typed JAX key's data (its first two words), or the words
+    themselves. Inside the frame programs randomness is JAX's Threefry-2x32 as elementwise ops
+    (`frame_kernel.threefry2x32`) of counters under such words, as in the GPU kernel: jax.random's
+    fold_in, split and bits ran on CPUs as loops of five hash rounds, a dozen small ops each, and
+    those ops were a third of the d = 5 frame program's compiled kernels (46 of 142) and of its
+    compile time (each kernel costs XLA:CPU 20-30 ms to compile on the 2-core CPU)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return key[..., :2].astype(jnp.uint32)
+
+
+def fold_words(key, a, b=0) -> jax.Array:
+    """The key words (2,) of stream (a, b) under a key or its words: one Threefry-2x32 hash."""
+    words = key_words(key)
+    h0, h1 = frame_kernel.threefry2x32(words[0], words[1], jnp.asarray(a, jnp.uint32), jnp.asarray(b, jnp.uint32))
+    return jnp.stack([h0, h1])
+
+
+def _hashes(words, rows: int, cols: int):
+    """Threefry-2x32 (h0, h1) of the counters (column, row) of a rows x cols grid under the key words."""
+    c0, c1 = lax.broadcasted_iota(jnp.uint32, (rows, cols), 1), lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
+    return frame_kernel.threefry2x32(words[0], words[1], c0, c1)
+
+
 def random_bits(key, shape) -> jax.Array:
-    return jax.random.bits(key, shape, jnp.uint32)
+    """uint32 random words of `shape` under a key (or its words, `key_words`): one hash gives two words,
+    the two halves of a row. One fused op."""
+    rows, cols = math.prod(shape[:-1]), (shape[-1] if shape else 1)
+    return jnp.concatenate(_hashes(key_words(key), rows, -(-cols // 2)), axis=1)[:, :cols].reshape(shape)
+
+
+def uniform64(key, shape) -> jax.Array:
+    """Uniform float64 in [0, 1) from 64 random bits (one hash) under a key (or its words): P(u < p) is p
+    to 2^-64 near 0 (float64 rounding elsewhere)."""
+    rows, cols = math.prod(shape[:-1]), (shape[-1] if shape else 1)
+    return _unit(*_hashes(key_words(key), rows, cols)).reshape(shape)
+
+
+def _unit(h0, h1) -> jax.Array:
+    """Two random uint32 words -> a float64 uniform in [0, 1) (the top 2^-54 of the range would round up
+    to 1: clamped below it)."""
+    return jnp.minimum(h0.astype(jnp.float64) * 2.0**-32 + h1.astype(jnp.float64) * 2.0**-64, 1.0 - 2.0**-53)
 
 
 # ---- noise: which bit positions an event hits, and which event ------------------------------------
@@ -67,12 +108,6 @@ SPARSE_MAX = 0.5  # probabilities above it are drawn densely
 ROUND_RATE = 2.0**-10
 FLIP = np.array([1], np.uint32)  # the event codes of a lone flip (one event, one plane)
 PAIR_EVENTS = pair_codes()[:15]  # the 15 two-qubit Pauli events, code x_a | z_a << 1 | x_b << 2 | z_b << 3
-
-
-def uniform64(key, shape) -> jax.Array:
-    """Uniform float64 in [0, 1) from 64 random bits: P(u < p) is p to 2^-64 near 0 (float64 rounding elsewhere)."""
-    u = jax.random.bits(key, shape, jnp.uint64).astype(jnp.float64) * 2.0**-64
-    return jnp.minimum(u, 1.0 - 2.0**-53)  # the top 2^-54 of the range would round up to 1
 
 
 def flip_budget(bits: int, limit: float) -> int:
@@ -103,7 +138,8 @@ def noise_masks(key, probs, codes: np.ndarray, shape: tuple, draw: Draw | None) 
     if draw is None:
         return none
     total = jnp.cumsum(probs)[-1]
-    k_sparse, k_dense = jax.random.split(key)
+    kw = key_words(key)
+    k_sparse, k_dense = fold_words(kw, 0, 1), fold_words(kw, 1, 1)
     hits = none
     if draw.sparse > 0:
         budget = flip_budget(32 * math.prod(shape), ROUND_RATE)
@@ -147,9 +183,11 @@ def _sparse(key, probs, codes, shape, budget: int):
     planes = int(codes.max()).bit_length()
     log1mp = jnp.log1p(-jnp.cumsum(probs)[-1])
 
+    words_key = key_words(key)
+
     def draw_round(state):
         hits, start, r = state
-        u = uniform64(jax.random.fold_in(key, r), (2 if len(codes) > 1 else 1, budget))  # gaps, events
+        u = _round_uniforms(words_key, r, 2 if len(codes) > 1 else 1, budget)  # gaps, events
         gaps = jnp.minimum(jnp.floor(jnp.log1p(-u[0]) / log1mp), bits).astype(jnp.int64)
         pos = start + jnp.cumsum(gaps + 1) - 1  # increasing; past the row once it has ended
         code = jnp.asarray(codes)[_events(u[1], probs)] if len(codes) > 1 else jnp.full(budget, codes[0])
@@ -159,6 +197,18 @@ def _sparse(key, probs, codes, shape, budget: int):
     start = (jnp.zeros((planes, words), jnp.uint32), jnp.zeros((), jnp.int64), jnp.zeros((), jnp.uint32))
     hits, _, _ = lax.while_loop(lambda s: s[1] < bits, draw_round, start)
     return hits.reshape((planes,) + shape)
+
+
+def _round_uniforms(words_key, r, rows: int, budget: int) -> jax.Array:
+    """(rows, budget) float64 uniforms in [0, 1) of a sparse draw's round r: JAX's Threefry-2x32 of the
+    counter (lane, rows * r + row) under the op's key, as elementwise ops (`frame_kernel.threefry2x32`),
+    exact to float64 rounding as `uniform64`. One fused op a round: jax.random's bits under a key folded
+    with r ran on CPUs as a loop of five rounds, a dozen small ops, which with the fold made a round's
+    fixed cost, so ten rounds at p = 1e-2 (ROUND_RATE) cost 1.3x the d = 9 sample of one round sized
+    for p (2-core CPU, 2026-11-28)."""
+    lane = lax.broadcasted_iota(jnp.uint32, (rows, budget), 1)
+    row = lax.broadcasted_iota(jnp.uint32, (rows, budget), 0) + r * jnp.uint32(rows)
+    return _unit(*frame_kernel.threefry2x32(words_key[0], words_key[1], lane, row))
 
 
 NOISY_KINDS = (MEASURE, NOISE, CORRELATED, MPAD)  # the op kinds that draw noise
@@ -186,7 +236,7 @@ class _Carry(NamedTuple):
     f: Frames
     record: jax.Array  # (M + 1, words): flips of every measurement; the last row stays zero (nothing writes it)
     base: jax.Array  # int32: measurements recorded so far
-    counter: jax.Array  # uint32: ops run so far (the random stream of op i is fold_in(key, i))
+    counter: jax.Array  # uint32: ops run so far (op i draws under fold_words(key words, i))
     chain: jax.Array  # (words,): shots where the current E / ELSE chain has fired
 
 
@@ -259,7 +309,7 @@ def _op_gate(r: _Reads, row, key) -> _Writes:
 
 
 def _op_measure(r: _Reads, row, key, draw: Draw | None) -> _Writes:
-    k1, k2 = jax.random.split(key)
+    k1, k2 = fold_words(key, 0, 2), fold_words(key, 1, 2)
     flips = r.xa ^ noise_masks(k1, row["probs"][:1], FLIP, r.xa.shape, draw)[0]
     rand = random_bits(k2, r.xa.shape)
     reset = row["reset"][:, None]
@@ -334,7 +384,8 @@ KERNEL_STATIC = ("structure", "num_qubits", "num_measurements", "words", "kernel
 
 def _initial(key, qubits: int, words: int) -> Frames:
     """Every qubit starts freshly reset: its frame's Z part is random (harmless on |0>)."""
-    return Frames(jnp.zeros((qubits, words), jnp.uint32), random_bits(jax.random.fold_in(key, 2**32 - 1), (qubits, words)))
+    return Frames(jnp.zeros((qubits, words), jnp.uint32), random_bits(fold_words(key_words(key), 2**32 - 1, 3),
+                                                                      (qubits, words)))
 
 
 def flat_record(table, ops, key, qubits: int, records: int, depth: int, words: int, limits):
@@ -346,7 +397,7 @@ def flat_record(table, ops, key, qubits: int, records: int, depth: int, words: i
     ops_ = list(_OPS)
     for kind in NOISY_KINDS:
         ops_[kind] = partial(_OPS[kind], draw=limits[kind])
-    return run_flat(table, ops, depth, carry, ops_, key, read=_read, write=_write).record
+    return run_flat(table, ops, depth, carry, ops_, key_words(key), read=_read, write=_write, fold=fold_words).record
 
 
 def kernel_record(structure, tables, key, num_qubits, num_measurements, words, kernel):
@@ -354,7 +405,7 @@ def kernel_record(structure, tables, key, num_qubits, num_measurements, words, k
     interpreter), to trace inside a larger program (under jax.enable_x64)."""
     f = _initial(key, num_qubits + 1, words)
     record = jnp.zeros((num_measurements + 1, words), jnp.uint32)
-    return frame_kernel.run_segments(structure, tables, f.x, f.z, record, jax.random.key_data(key)[..., :2],
+    return frame_kernel.run_segments(structure, tables, f.x, f.z, record, key_words(key),
                                      interpret=kernel == "interpret")
 
 

@@ -116,7 +116,7 @@ def _chunk(engine, program, key, counters, outputs, words, limits, bit_packed):
     ("flat", qubits, records, depth) with program (table, ops) of a Flat program, or ("kernel",
     structure, num_qubits, num_measurements, records, mode) with the program's tables; the record has
     `records` rows either way, the last one zero."""
-    key = jax.random.fold_in(jax.random.fold_in(key, counters[0]), counters[1])
+    key = frames.fold_words(frames.key_words(key), counters[0], counters[1])  # (key words: one small hash)
     if engine[0] == "flat":
         _, qubits, records, depth = engine
         table, ops = program
