@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..runtime import memory
-from ..runtime.batching import batch_size
+from ..runtime.batching import batch_size, shared
 from ..runtime.prefix import count, on_cpu
 from . import engine, schedule
 from .engine import DAMPED, FED, NEG, OWN, TURN
@@ -113,15 +113,26 @@ def _final(end: engine.Buffer, table):
 
 
 def _run(T, params, limits, cfg, first):
-    """A lax.scan body over units first, first + 1, ... that keeps their Records and live counts."""
+    """A lax.scan body over units first, first + 1, ... that keeps their Records and live counts. Its
+    carry: (buffer, peak, where the live words act, as engine.run keeps it with cfg.skip_unmet)."""
 
     def one(carry, i):
-        b, peak = carry
-        b, _, rec = engine.apply_unit(b, first + i, T, params, limits, cfg, record=True)
+        b, peak, acts = carry
+        u = first + i
+        b, _, rec = engine.apply_unit(b, u, T, params, limits, cfg, acts=acts if cfg.skip_unmet else None,
+                                      record=True)
         live = count(b.live)
-        return (b, jnp.maximum(peak, live)), (rec, live)
+        if cfg.skip_unmet:  # as engine.run: a rotation adds its generator's sites, other units move words
+            _, gx, gz = engine.generator(T, u)
+            acts = lax.cond(shared(T["u_kind"][u] == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
+                            lambda: engine.support(b))
+        return (b, jnp.maximum(peak, live), acts), (rec, live)
 
     return one
+
+
+def _start(buf, peak, cfg):
+    return buf, peak, engine.support(buf) if cfg.skip_unmet else jnp.uint32(0)
 
 
 def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg: engine.Config, rows: int):
@@ -132,8 +143,8 @@ def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, c
     need = rows * engine.record_bytes(cfg.capacity, buf.coeffs.dtype) * batch_size()
     if need > record_budget():
         return checkpointed(T, buf, params, limits, table, cfg, rows)
-    (end, peak), (recs, terms) = lax.scan(_run(T, params, limits, cfg, 0), (buf, count(buf.live)),
-                                          jnp.arange(rows))
+    (end, peak, _), (recs, terms) = lax.scan(_run(T, params, limits, cfg, 0), _start(buf, count(buf.live), cfg),
+                                             jnp.arange(rows))
     val, lam = _final(end, table)
     back = lambda lam, xs: unit_backward(xs[0], xs[1], lam, T, params)
     lam, d_angles = lax.scan(back, lam, (recs, jnp.arange(rows)), reverse=True)
@@ -161,8 +172,8 @@ def checkpointed(T: dict, buf: engine.Buffer, params, limits: Limits, table, cfg
         forward = t < S
         s = jnp.where(forward, t, 2 * S - 1 - t)
         begin = pick(forward, b, jax.tree_util.tree_map(lambda a: a[s], starts))
-        (end, seg_peak), (recs, counts) = lax.scan(_run(T, params, limits, cfg, s * seg), (begin, peak),
-                                                   jnp.arange(seg))
+        (end, seg_peak, _), (recs, counts) = lax.scan(_run(T, params, limits, cfg, s * seg),
+                                                      _start(begin, peak, cfg), jnp.arange(seg))
         starts = jax.tree_util.tree_map(lambda st, x: st.at[s].set(jnp.where(forward, x, st[s])), starts, begin)
         b = pick(forward, end, b)
         terms = terms.at[s].set(jnp.where(forward, counts, terms[s]))
