@@ -13,7 +13,9 @@ temporary directory), so compilations are included:
             custom_decoders={"ours": stabilizer.SinterSampler()} (PyMatching), and with sinter's
             default (stim + PyMatching), both num_workers=1 and max_shots=`shots`: wall time, the
             programs our workers compiled (entries written to the empty cache), and the logical error
-            rates side by side with their difference in sigma
+            rates side by side with their difference in sigma. sinter before 1.16 fails on numpy 2's integer
+            counts in its own stim sampler (AnonTaskStats asserts ints): there the default's sampler runs
+            with them converted (`StimPyMatching`), recorded as `default_path`
 
 Writes experiments/results/qec_sweep_<backend>_<date>.json (hardware, date, git commit) and, with
 matplotlib, a threshold plot beside it.
@@ -79,21 +81,85 @@ def sampling_worker(tool: str, shots: int) -> dict:
             "cache_hits": len(hits), "compile_stages_s": stages, "tasks": tasks}
 
 
+def sinter_counts_numpy_integers() -> bool:
+    """Whether sinter's own stim sampler fails on this numpy: sinter before 1.16 asserts
+    `isinstance(errors, int)` in AnonTaskStats, and its StimThenDecodeSampler counts errors with numpy
+    (under numpy 2 np.count_nonzero returns a numpy integer), so every task of its default worker raised
+    AssertionError (sinter 1.15.0, numpy 2.5.2, the H200 machine, 2026-11-28). sinter 1.16 dropped the
+    assertion. Our SinterSampler counts in Python ints either way."""
+    import numpy as np
+    import sinter
+
+    try:
+        sinter.AnonTaskStats(shots=1, errors=np.int64(0))
+    except AssertionError:
+        return True
+    return False
+
+
+def accept_numpy_counts() -> None:
+    """Convert numpy integer counts to ints before AnonTaskStats's checks, in this process (a sinter
+    worker calls it through StimPyMatching): the only change to sinter's default path."""
+    import numpy as np
+    from sinter._data._anon_task_stats import AnonTaskStats
+
+    check = AnonTaskStats.__post_init__
+    if getattr(check, "accepts_numpy_counts", False):
+        return
+
+    def post_init(self):
+        for name in ("shots", "errors", "discards"):
+            if isinstance(getattr(self, name), np.integer):
+                object.__setattr__(self, name, int(getattr(self, name)))  # a frozen dataclass
+        check(self)
+
+    post_init.accepts_numpy_counts = True
+    AnonTaskStats.__post_init__ = post_init
+
+
+try:
+    import sinter as _sinter
+except ImportError:  # the sampling mode needs no sinter
+    _sinter = None
+
+if _sinter is not None:
+    class StimPyMatching(_sinter.Sampler):
+        """sinter's default sampler (StimThenDecodeSampler: stim's detector sampler, then the built-in
+        decoder), built in the worker after `accept_numpy_counts`, for sinter versions that fail on
+        numpy integer counts. Module-level, so that sinter's spawned workers can unpickle it."""
+
+        def __init__(self, decoder: str = "pymatching"):
+            self.decoder = decoder
+
+        def compiled_sampler_for_task(self, task):
+            from sinter._decoding._stim_then_decode_sampler import StimThenDecodeSampler
+
+            accept_numpy_counts()
+            return StimThenDecodeSampler(decoder=_sinter.BUILT_IN_DECODERS[self.decoder], count_observable_error_combos=False,
+                                         count_detection_events=False, tmp_dir=None).compiled_sampler_for_task(task)
+
+
 def sinter_run(tool: str, shots: int) -> dict:
-    """sinter.collect over the tasks with our sampler or sinter's default: wall time and stats."""
+    """sinter.collect over the tasks with our sampler or sinter's default: wall time and stats. Where
+    sinter's default fails on numpy's integers (`sinter_counts_numpy_integers`), the default's own
+    sampler runs with them converted (`StimPyMatching`); `default_path` says which ran."""
     import sinter
 
     import stabilizer
 
     tasks = [sinter.Task(circuit=circuit(d, p), json_metadata={"d": d, "p": p}) for d in DISTANCES for p in PROBABILITIES]
-    extra = {"custom_decoders": {"ours": stabilizer.SinterSampler()}} if tool == "ours" else {}
+    decoder, extra, path = "pymatching", {}, "sinter's built-in pymatching"
+    if tool == "ours":
+        decoder, extra, path = "ours", {"custom_decoders": {"ours": stabilizer.SinterSampler()}}, None
+    elif sinter_counts_numpy_integers():
+        decoder, path = "stim-pymatching", "StimThenDecodeSampler(pymatching), numpy counts converted (sinter < 1.16)"
+        extra = {"custom_decoders": {decoder: StimPyMatching("pymatching")}}
     t0 = time.perf_counter()
-    stats = sinter.collect(num_workers=1, tasks=tasks, decoders=["ours" if tool == "ours" else "pymatching"],
-                           max_shots=shots, **extra)
+    stats = sinter.collect(num_workers=1, tasks=tasks, decoders=[decoder], max_shots=shots, **extra)
     wall = time.perf_counter() - t0
     rows = sorted(({"d": s.json_metadata["d"], "p": s.json_metadata["p"], "shots": s.shots, "errors": s.errors,
                     "seconds": s.seconds} for s in stats), key=lambda r: (r["d"], r["p"]))
-    return {"tool": tool, "wall_s": wall, "tasks": rows}
+    return {"tool": tool, "wall_s": wall, "tasks": rows, "default_path": path, "sinter": sinter.__version__}
 
 
 def isolated(mode: str, tool: str, shots: int, cache: str | None = None) -> dict:
