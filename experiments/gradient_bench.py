@@ -31,6 +31,8 @@ Parts (issue 3's benchmarks; every time is time.perf_counter around jax.block_un
 Examples
   python experiments/gradient_bench.py                      # all parts (CPU: about 3 minutes)
   python experiments/gradient_bench.py --parts b,d --repeats 5
+  PAULIPROP_NO_CACHE=1 python experiments/gradient_bench.py --parts b,a --steps 8   # issue 47's CPU goals
+  python experiments/gradient_bench.py --compare results/a.grads.npz results/b.grads.npz  # two devices' gradients
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def part_a(steps: int, repeats: int, headroom: float) -> dict:
             "compile_ratio": vg["compile_s"] / value["compile_s"], "checkpointed_timing": checkpointed,
             "checkpointed_ratio": checkpointed["run_s"] / value["run_s"],
             "checkpointed_max_grad_diff": float(jnp.abs(g_checkpointed - g).max()),
-            "goal_ratio": 1.5 if jax.default_backend() == "gpu" else 2.0}
+            "goal_ratio": 1.5 if jax.default_backend() == "gpu" else 2.0, "grad": np.asarray(g)}
 
 
 def first_call(timing: dict) -> float:
@@ -197,7 +199,8 @@ def part_b(repeats: int) -> dict:
             "peer": {"tool": "PauliPropagation.jl", **ppjl,
                      "forwarddiff_ratio": ppjl["forwarddiff_gradient_s"] / ppjl["loss_s"],
                      "source": "published figures (issue 47, DESIGN.md section 7), not re-run here"},
-            "goals": {"ratio": 2.0, "first_call_s": ppjl["rewindgradient_first_call_s"], "warm_s": 0.05}}
+            "goals": {"ratio": 2.0, "first_call_s": ppjl["rewindgradient_first_call_s"], "warm_s": 0.05},
+            "grad": np.asarray(g)}
 
 
 def part_d(batch: int, n: int) -> dict:
@@ -233,9 +236,16 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="timed runs after compiling (median reported)")
     ap.add_argument("--batch", type=int, default=256, help="part d: parameter sets (256)")
     ap.add_argument("--batch-qubits", type=int, default=20, help="part d: qubits of the TFI circuit (20)")
+    ap.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("A", "B"),
+                    help="print the largest difference between the gradients of two runs' .grads.npz and exit")
     ap.add_argument("--out", type=Path, default=None, help="JSON output (default experiments/results/"
                     "gradient_bench_<backend>_<date>.json)")
     args = ap.parse_args(argv)
+    if args.compare:
+        a, b = (np.load(f) for f in args.compare)
+        for key in sorted(set(a.files) & set(b.files)):
+            print(f"{key}: {a[key].size} parameters, max |difference| {np.abs(a[key] - b[key]).max():.2e}")
+        return
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     for s in parts:
         if s not in "abcd" or len(s) != 1:
@@ -247,6 +257,7 @@ def main(argv=None):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1, default=lambda x: np.asarray(x).tolist()))
 
+    grads = {}  # parts a and b: the gradients, beside the JSON (<out>.grads.npz), to compare devices to 1e-10
     capacity = None
     for part in parts:
         t0 = time.perf_counter()
@@ -279,6 +290,9 @@ def main(argv=None):
             print(f"d: {r['batch']} sets: vmap {r['vmap_s']:.2f} s ({r['vmap_sets_per_s']:.0f}/s), loop "
                   f"{r['loop_s']:.2f} s ({r['loop_sets_per_s']:.0f}/s), max diff {r['max_grad_diff']:.1e}")
         r["wall_s"] = time.perf_counter() - t0
+        if "grad" in r:
+            grads[f"{part}_steps{args.steps}" if part == "a" else part] = r.pop("grad")
+            np.savez(out.with_suffix(".grads.npz"), **grads)
         result["parts"][part] = r
         save()
     print(f"wrote {out}")

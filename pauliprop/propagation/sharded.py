@@ -65,8 +65,8 @@ GPUs); there is no other transport. The overlap and the stats come back replicat
 Gradients: with traced params (jax.grad, jax.jit) `expectation` runs `run_static`: fixed shards and
 buckets, every unit in a scan of checkpointed segments (as engine._run_static), which JAX's own
 reverse mode differentiates through the all-to-alls and the cuts: the derivative of the estimator
-with its truncation decisions frozen, as pp.expectation's (the engine's adjoint, adjoint.py, replays
-units on one buffer and does not cross an exchange, so it is not used here). Nothing grows there: a
+with its truncation decisions frozen, as pp.expectation's (the engine's adjoint, adjoint.py, records
+units' maps on one buffer and does not cross an exchange, so it is not used here). Nothing grows there: a
 unit that overflows a shard or a bucket is skipped on every shard, counted and warned about (a
 RuntimeWarning), as the unsharded traced path warns about its overflow cuts.
 
