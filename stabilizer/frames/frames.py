@@ -254,9 +254,10 @@ class _Reads(NamedTuple):
 
 
 class _Writes(NamedTuple):
-    """What an op writes: its slots' new frame rows, the chain, and record rows `flips` (S, words) to put
-    at rows `at` (S,) (past the record's end: nowhere). Every op writes all of them (a switch's
-    branches return one structure)."""
+    """What an op writes: its slots' new frame rows, the chain, and the record rows `flips` (S, words) of
+    an op that records (MEASURE, MPAD: `_write` puts them at the op's record rows; other ops' flips are
+    any (S, words) array, written nowhere). Every op writes all of them (a switch's branches return one
+    structure)."""
 
     xa: jax.Array
     za: jax.Array
@@ -264,7 +265,6 @@ class _Writes(NamedTuple):
     zb: jax.Array
     chain: jax.Array
     flips: jax.Array
-    at: jax.Array
 
 
 def _read(c: _Carry, row) -> _Reads:
@@ -277,24 +277,28 @@ def _read(c: _Carry, row) -> _Reads:
 
 def _write(c: _Carry, row, w: _Writes) -> _Carry:
     """Scatter an op's rows back: frame rows on q0 then q1 (writes to the spare qubit, padding, are
-    dropped), record rows at w.at. The table's advance is zero for ops that record nothing."""
+    dropped), the flips at the op's record rows (`_record_rows`). The table's advance is zero for ops
+    that record nothing."""
     spare = c.f.x.shape[0] - 1
     q0, q1 = (jnp.where(q == spare, spare + 1, q) for q in (row["q"][:, 0], row["q"][:, 1]))
     x = c.f.x.at[q0].set(w.xa, mode="drop").at[q1].set(w.xb, mode="drop")
     z = c.f.z.at[q0].set(w.za, mode="drop").at[q1].set(w.zb, mode="drop")
-    record = c.record.at[w.at].set(w.flips, mode="drop")
+    record = c.record.at[_record_rows(c.base, row, c.record.shape[0])].set(w.flips, mode="drop")
     return c._replace(f=Frames(x, z), record=record, base=c.base + row["advance"], chain=w.chain)
 
 
 def _unchanged(r: _Reads) -> _Writes:
-    """Writes that change nothing: the rows as read, no record rows."""
-    nowhere = jnp.full(r.xa.shape[0], r.record.shape[0], jnp.int32)
-    return _Writes(r.xa, r.za, r.xb, r.zb, r.chain, jnp.zeros_like(r.xa), nowhere)
+    """Writes that change nothing: the rows as read (flips too: an op that records nothing writes them
+    nowhere). A branch builds no new array for what it does not change: each one it built (zero flips,
+    an index row) was one more kernel for XLA:CPU to compile, 20-30 ms each on the 2-core CPU."""
+    return _Writes(r.xa, r.za, r.xb, r.zb, r.chain, r.xa)
 
 
-def _record_rows(r: _Reads, row) -> jax.Array:
-    """The record rows of a MEASURE or MPAD op's slots (past the end where a slot records nothing)."""
-    return jnp.where(row["rec"] >= 0, r.base + row["rec"], jnp.int32(r.record.shape[0]))
+def _record_rows(base, row, records: int) -> jax.Array:
+    """The record rows of an op's slots: base + rec for the slots of an op that records (advance > 0:
+    MEASURE, MPAD; a slot with rec -1 records nothing), else `records` (past the end: nowhere; a
+    FEEDBACK op's rec is a lookback)."""
+    return jnp.where((row["rec"] >= 0) & (row["advance"] > 0), base + row["rec"], jnp.int32(records))
 
 
 def _op_gate(r: _Reads, row, key) -> _Writes:
@@ -314,7 +318,7 @@ def _op_measure(r: _Reads, row, key, draw: Draw | None) -> _Writes:
     rand = random_bits(k2, r.xa.shape)
     reset = row["reset"][:, None]
     return _unchanged(r)._replace(xa=jnp.where(reset, jnp.uint32(0), r.xa), za=jnp.where(reset, rand, r.za ^ rand),
-                                  flips=flips, at=_record_rows(r, row))
+                                  flips=flips)
 
 
 def _op_noise(r: _Reads, row, key, draw: Draw | None) -> _Writes:
@@ -340,7 +344,7 @@ def _op_feedback(r: _Reads, row, key) -> _Writes:
 
 def _op_mpad(r: _Reads, row, key, draw: Draw | None) -> _Writes:
     flips = noise_masks(key, row["probs"][:1], FLIP, r.xa.shape, draw)[0]
-    return _unchanged(r)._replace(flips=flips, at=_record_rows(r, row))
+    return _unchanged(r)._replace(flips=flips)
 
 
 _OPS = (_op_gate, _op_measure, _op_noise, _op_correlated, _op_feedback, _op_mpad)
