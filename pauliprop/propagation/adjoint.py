@@ -28,7 +28,9 @@ from . import engine, schedule
 from .engine import DAMPED, FED, NEG, OWN, TURN
 from .truncation import Limits
 
-RECORD_BUDGET: int | None = None  # bytes the records may take; None: record_budget's rule
+# bytes the records may take; None: record_budget's rule. Read when a gradient is traced, and JAX keeps
+# traces: a new value takes effect for programs traced after jax.clear_caches()
+RECORD_BUDGET: int | None = None
 
 
 def record_budget() -> int:
