@@ -141,15 +141,49 @@ def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, c
     """(value, final buffer, Progress, d value / d params, d value / d initial coefficients).
 
     Runs units 0 .. rows - 1 (rows >= the circuit's units; the rest are NOOPs) with the truncation of a
-    program that cuts (no stop). Records all units when they fit record_budget, else checkpointed."""
+    program that cuts (no stop). Records all units when they fit record_budget, else checkpointed.
+
+    A unit that changes no coefficient (a rotation that turned no word and dropped none, a no-op: most
+    of a light cone's rotations while the observable is small) keeps no record: its transpose is the
+    identity on the cotangent, which stays 0 on dead slots. The others' records are stacked in the
+    order they come (CPUs write only theirs: a record is 13 bytes a slot to move), and the sweep
+    reads each unit's row from `index` (-1: none)."""
     need = rows * engine.record_bytes(cfg.capacity, buf.coeffs.dtype) * batch_size()
     if need > record_budget():
         return checkpointed(T, buf, params, limits, table, cfg, rows)
-    (end, peak, _), (recs, terms) = lax.scan(_run(T, params, limits, cfg, 0), _start(buf, count(buf.live), cfg),
-                                             jnp.arange(rows))
+    c, dtype = cfg.capacity, buf.coeffs.dtype
+    step = _run(T, params, limits, cfg, 0)
+    cpu = on_cpu()
+
+    def forward(u, carry):
+        state, stack, index, k, terms = carry
+        before = count(state[0].live)
+        state, (rec, live) = step(state, u)
+        kind = T["u_kind"][u]
+        same = ((kind == schedule.U_SPLIT) & (count((rec.code & TURN) != 0) == 0) & (live == before)) | (
+            kind == schedule.U_NOOP)
+        same = shared(same)
+        write = lambda st: jax.tree_util.tree_map(lambda a, r: lax.dynamic_update_slice(a, r[None], (k, jnp.int32(0))), st, rec)
+        stack = lax.cond(same, lambda st: st, write, stack) if cpu else write(stack)
+        index = index.at[u].set(jnp.where(same, -1, k))
+        return state, stack, index, k + jnp.where(same, 0, 1).astype(jnp.int32), terms.at[u].set(live)
+
+    stack = engine.Record(jnp.zeros((rows, c), jnp.int32), jnp.zeros((rows, c), jnp.uint8), jnp.zeros((rows, c), dtype))
+    init = (_start(buf, count(buf.live), cfg), stack, jnp.full(rows, -1, jnp.int32), jnp.int32(0),
+            jnp.zeros(rows, jnp.int32))
+    (end, peak, _), stack, index, _, terms = lax.fori_loop(0, rows, forward, init)
     val, lam = _final(end, table)
-    back = lambda lam, xs: unit_backward(xs[0], xs[1], lam, T, params)
-    lam, d_angles = lax.scan(back, lam, (recs, jnp.arange(rows)), reverse=True)
+
+    def back(lam, u):
+        i = index[u]
+        transpose = lambda lam: unit_backward(jax.tree_util.tree_map(lambda a: a[jnp.maximum(i, 0)], stack), u, lam,
+                                              T, params)
+        if cpu:
+            return lax.cond(shared(i < 0), lambda lam: (lam, jnp.zeros((), lam.dtype)), transpose, lam)
+        out, d = transpose(lam)
+        return jnp.where(i < 0, lam, out), jnp.where(i < 0, 0, d)
+
+    lam, d_angles = lax.scan(back, lam, jnp.arange(rows), reverse=True)
     return val, end, _progress(T, rows, terms, peak), _param_grads(T, d_angles, params), jnp.where(buf.live, lam, 0)
 
 
