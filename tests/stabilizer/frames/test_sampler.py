@@ -187,14 +187,18 @@ def test_chunks_cover_the_shots_with_little_padding_and_blockable_sizes():
 
 def test_chunks_reserve_dense_draw_memory_only_where_the_program_draws_densely(monkeypatch):
     """The same code with one probability above the sparse limit holds dense-draw code and gets
-    smaller chunks; without it the chunks are larger (the budget is the same)."""
+    smaller chunks where the scan runs the frames; without it the chunks are larger (the budget is the
+    same). The GPU's frame kernel draws in registers: there both get the same chunks."""
     monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 24)
     text = str(_noisy("repetition_code:memory", 5, 0.01))
     sparse = compile_detector_sampler(Circuit(text), seed=0)
     dense = compile_detector_sampler(Circuit("X_ERROR(0.75) 0\n" + text), seed=0)
     assert not any(d is not None and d.dense for d in sparse._limits)
     assert any(d is not None and d.dense for d in dense._limits)
-    assert sparse._budget_words() > dense._budget_words()
+    if S.frames.frame_engine("auto", 128) == "jax":
+        assert sparse._budget_words() > dense._budget_words()
+    else:
+        assert sparse._budget_words() == dense._budget_words()
 
 
 def test_a_call_runs_chunks_of_one_size(monkeypatch):
