@@ -72,7 +72,7 @@ def unit_backward(rec: engine.Record, u, lam, T, params):
 
     def rotation(lam, to_lam):
         j, _, _ = engine.generator(T, u)
-        angle = engine._angle(T, j, params).astype(lam.dtype)
+        angle = engine.rotation_angle(T, j, params).astype(lam.dtype)
         cos, sin = jnp.cos(angle), jnp.sin(angle)
         own, fed = jnp.where(has(OWN), lam, 0), jnp.where(has(FED), to_lam, 0) * jnp.where(has(NEG), -1, 1)
         turn = has(TURN)

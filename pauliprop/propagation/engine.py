@@ -189,10 +189,13 @@ def layers_for(backend: str, truncation) -> bool:
     return backend != "cpu" and not (truncation.per == "gate" and truncation.max_terms is not None)
 
 
-def _angle(T, j, params):
-    idx = T["rot_index"][j]
-    p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros((), params.dtype)
-    return jnp.where(idx >= 0, T["rot_scale"][j].astype(params.dtype) * p, 0) + T["rot_offset"][j].astype(params.dtype)
+def rotation_angle(T, rows, params):
+    """The angles of rotation rows (a row index or an array of them): scale * params[index] + offset, or the
+    fixed offset where the row has no parameter."""
+    idx = T["rot_index"][rows]
+    p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros(jnp.shape(idx), params.dtype)
+    return (jnp.where(idx >= 0, T["rot_scale"][rows].astype(params.dtype) * p, 0)
+            + T["rot_offset"][rows].astype(params.dtype))
 
 
 def _room_pick(count, rooms: tuple):
@@ -424,7 +427,7 @@ def _rotation(buf: Buffer, u, T, params, acts=None, split=True):
     cone, most rotations of a deep circuit's last layers), or the unit is no rotation (not `split`),
     the pass over the buffer is skipped."""
     j, gx, gz = generator(T, u)
-    angle = _angle(T, j, params).astype(buf.coeffs.dtype)
+    angle = rotation_angle(T, j, params).astype(buf.coeffs.dtype)
 
     def anticommuting():
         ac = buf.live & pauli_words.anticommutes(buf.x, buf.z, gx, gz)
@@ -518,7 +521,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
     in_layer = jnp.arange(most) < count
     gx, gz = T["rot_gx"][rows], T["rot_gz"][rows]
-    angle = _angle(T, rows, params).astype(buf.coeffs.dtype)
+    angle = rotation_angle(T, rows, params).astype(buf.coeffs.dtype)
     gens, cos, sin = jnp.concatenate([gx, gz], -1), jnp.cos(angle), jnp.sin(angle)
     rule_limits = limits.off_unless(~T["u_defer"][u])
     shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)

@@ -44,7 +44,7 @@ from ..algebra import words as pauli_words
 from ..algebra.clifford import apply_map, popcount as popcount_numpy
 from ..runtime.prefix import count as _count, prefix_count
 from . import fused, pairing, schedule
-from .engine import element_image, word_overlaps
+from .engine import element_image, rotation_angle, word_overlaps
 from .merge import halves
 from .truncation import Limits, violations
 
@@ -322,13 +322,6 @@ class Layer(NamedTuple):
     down: jax.Array  # bool: the rotations come in decreasing order of their lowest qubits
 
 
-def _angle(T, rows, params):
-    idx = T["rot_index"][rows]
-    p = params[jnp.maximum(idx, 0)] if params.shape[0] else jnp.zeros(rows.shape, params.dtype)
-    return jnp.where(idx >= 0, T["rot_scale"][rows].astype(params.dtype) * p, 0) + T["rot_offset"][rows].astype(
-        params.dtype)
-
-
 def _lowest(words):
     """(R,) int32 the lowest qubit of each word (R, W) (32 W where it has none)."""
     lanes = words.shape[1]
@@ -343,7 +336,7 @@ def layer_of(T, u, params, lanes: int, dtype) -> Layer:
     start, count = T["u_start"][u], T["u_count"][u]
     rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
     on = jnp.arange(most) < count
-    angle = _angle(T, rows, params).astype(dtype)
+    angle = rotation_angle(T, rows, params).astype(dtype)
     gx = jnp.where(on[:, None], T["rot_gx"][rows], 0)
     gz = jnp.where(on[:, None], T["rot_gz"][rows], 0)
     support = gx | gz
