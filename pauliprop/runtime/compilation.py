@@ -209,7 +209,7 @@ class Jitted:
         self._lock = threading.Lock()
 
     def _without_unknown_options(self, exc: Exception) -> bool:
-        if not self._options or not ("compile option" in str(exc) or "setting option" in str(exc)):
+        if not self._options or not _rejects_an_option(exc):
             return False
         self._options = {k: v for k, v in self._options.items() if xla_knows(k, v)}
         self._jitted = jax.jit(self._fn, compiler_options=self._options, **self._kw)
@@ -219,6 +219,12 @@ class Jitted:
         path = _stored_path(self._key, self._options, self._kw, sig)
         return path, (_load(path) if path is not None and path.exists() else None)
 
+    def _compiled_and_stored(self, args, path: Path | None):
+        compiled = self._jitted.lower(*args).compile()
+        if path is not None:
+            _store(path, compiled)
+        return compiled
+
     def _program(self, args, sig):
         with self._lock:
             compiled = _LOADED.get((self, sig))
@@ -227,14 +233,12 @@ class Jitted:
             path, compiled = self._stored(sig)
             if compiled is None:
                 try:
-                    compiled = self._jitted.lower(*args).compile()
+                    compiled = self._compiled_and_stored(args, path)
                 except jax.errors.JaxRuntimeError as exc:
                     if not self._without_unknown_options(exc):
                         raise
-                    path, compiled = self._stored(sig)
-                    compiled = compiled or self._jitted.lower(*args).compile()
-                if path is not None:
-                    _store(path, compiled)
+                    path, compiled = self._stored(sig)  # the key without the unknown options
+                    compiled = compiled or self._compiled_and_stored(args, path)
             _LOADED.put((self, sig), compiled)
             return compiled
 
@@ -259,7 +263,12 @@ def xla_knows(option: str, value) -> bool:
         with jax.default_device(jax.devices("cpu")[0]):
             jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(np.float32(0)).compile()
     except jax.errors.JaxRuntimeError as exc:
-        if "compile option" in str(exc) or "setting option" in str(exc):
+        if _rejects_an_option(exc):
             return False
         raise
     return True
+
+
+def _rejects_an_option(exc: Exception) -> bool:
+    """Whether XLA's error is its refusal of a compile option it does not know."""
+    return "compile option" in str(exc) or "setting option" in str(exc)
