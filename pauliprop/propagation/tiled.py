@@ -33,6 +33,7 @@ run's buffers serve the next run as they are (propagate.py keeps them between ca
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -356,19 +357,15 @@ def layer_of(T, u, params, lanes: int, dtype) -> Layer:
 LAYER_TABLES_BYTES = 1 << 28  # every unit's layer tables are made once a run when they take at most this
 
 
-def layer_bytes(lanes: int, itemsize: int) -> int:
-    """Bytes of one unit's layer tables (the fold's byte tables dominate: 4096 W^2)."""
-    most = pauli_words.LANE_BITS * lanes
-    return most * (2 * lanes * 4 + 2 * itemsize + 4) + 2 * lanes * 4 + 4 * lanes * 256 * lanes * 4 + 2
-
-
 def layers_of(T, params, lanes: int, dtype) -> Layer | None:
     """Every unit's layer tables (a leading unit axis), made once before the loop, so a unit only reads
     its row (one H200, 8x8 Ising, 2026-11-28: making a unit's tables in the loop took about twenty
     small kernels, 31 ms of the 0.35 s run); None where they would take more than LAYER_TABLES_BYTES
     (then each unit makes its own)."""
     units = T["u_kind"].shape[0]
-    if units * layer_bytes(lanes, np.dtype(dtype).itemsize) > LAYER_TABLES_BYTES:
+    one = jax.eval_shape(lambda: layer_of(T, 0, params, lanes, dtype))  # the fold's byte tables dominate: 4096 W^2
+    unit_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(one))
+    if units * unit_bytes > LAYER_TABLES_BYTES:
         return None
     return jax.vmap(lambda u: layer_of(T, u, params, lanes, dtype))(jnp.arange(units))
 
@@ -420,11 +417,11 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, 
     before a pass whose appended words would not fit, to resume at that pass. Inactive: no pass.
     layers: every unit's layer tables (`layers_of`, for the kernels), or None: this unit's are made here."""
     lanes = st.work.words.shape[1] // 2
-    if layers is None:
-        layers, row = jax.tree_util.tree_map(lambda t: t[None], layer_of(T, u, params, lanes, st.work.coeffs.dtype)), 0
+    if layers is None:  # this unit's own tables (the kernels read them as row 0 of one unit's)
+        layer = layer_of(T, u, params, lanes, st.work.coeffs.dtype)
+        layers, row = jax.tree_util.tree_map(lambda t: t[None], layer), 0
     else:
-        row = u
-    layer = jax.tree_util.tree_map(lambda t: t[row], layers)
+        layer, row = jax.tree_util.tree_map(lambda t: t[u], layers), u
     rules = limits.off_unless(~T["u_defer"][u])
 
     def cond(c):
