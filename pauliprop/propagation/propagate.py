@@ -592,6 +592,8 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
     """(value, stats, (x, z, coeffs) of the result when want_terms) of a concrete call: the tiled engine where
     it applies (tiled_supported), small runs first on the loop (small_run_capacity), the rest on the loop."""
     if tiled_supported(circuit, truncation, params, capacity):
+        if native_engine() is not None:
+            return _drive_native(circuit, obs, params, truncation, max_capacity, table, want_terms)
         small = None if initial_capacity else small_run_capacity(circuit, obs, truncation)
         run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
                                outgrow=False)
@@ -775,6 +777,90 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
     terms = low.terms_per_row(unit_terms)
     stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=np.bool_(False), capacity=cap,
                              max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
+    return val, stats, out
+
+
+# ---- the CPU engine compiled by numba (native.py, the `native` extra) -------------------------------------------
+
+NATIVE = "PAULIPROP_NATIVE"  # set to 0 to run CPUs' concrete calls on the tiled engine although numba is installed
+
+
+@functools.cache
+def _native_module():
+    try:
+        from . import native
+    except ImportError:  # numba is not installed
+        return None
+    return native
+
+
+def native_engine():
+    """native.py where a concrete call runs on it (CPUs, numba installed, PAULIPROP_NATIVE not 0), else None."""
+    if jax.default_backend() != "cpu" or os.environ.get(NATIVE, "1") == "0":
+        return None
+    return _native_module()
+
+
+def _native_limits(truncation: Truncation) -> tuple:
+    off = native_engine().OFF
+    pick = lambda v, default: default if v is None else v
+    return pick(truncation.max_weight, off), pick(truncation.min_abs_coeff, 0.0), pick(truncation.max_sins, off)
+
+
+def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
+                  want_terms: bool = False):
+    """A concrete call on the native engine: (value, PropagationStats, (x, z, coeffs) of the result when
+    want_terms). Its buffers are numpy arrays: a run that outgrows them continues in larger ones (nothing
+    to compile); past the memory, a MemoryError."""
+    native = native_engine()
+    low = lowered(circuit, truncation, "cpu", layers=True, support=observable_support(obs))
+    tables = low.on_device.get("native")
+    if tables is None:
+        tables = low.on_device["native"] = native.Tables(low.schedule, low.units)
+    dtype = np.dtype(jnp.result_type(float))
+    p = params_array(params, circuit.num_params, dtype)
+    angles = tables.angles(p)
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    words, coeffs, dropped0 = tiled.host_merge(obs.x, obs.z, obs.coeffs, truncation)
+    t, lanes = len(words), obs.num_lanes
+    per_slot = native.slot_bytes(lanes, dtype.itemsize)
+    most = min(_floor_pow2(_budget("cpu", False) // per_slot), _floor_pow2(max_capacity))
+    hashes = native.hash_rows(lanes)  # the run's bucket functionals (they follow the words through Cliffords)
+    ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, native.bucket_bits(t), 0,
+                                most)
+    if ws is None:
+        raise MemoryError(f"the observable's {t} terms need {slots} term slots, more than the {most} slots that "
+                          f"max_capacity={max_capacity} and the memory allow")
+    unit_terms = np.zeros(low.units.length, np.int32)
+    unit_terms[0] = t
+    dropped = np.asarray(dropped0, np.float64).copy()
+    limits = _native_limits(truncation)
+    per_layer, weight_each = truncation.per == "layer", truncation.per == "gate" and truncation.max_weight is not None
+    at = native.Progress(1, 0, 0, t)
+    while True:
+        at = native.run(tables, ws, hashes, at.unit, at.step, cos, sin, limits, per_layer, weight_each, unit_terms,
+                        dropped, at.peak)
+        if at.need == 0:
+            break
+        # more buckets for more words, or larger ones
+        k, bits = len(ws.count).bit_length() - 1, native.bucket_bits(ws.n)
+        bigger, slots = native.laid_out(ws, hashes, max(k, bits), 2 * ws.cap if bits <= k else 0, most)
+        if bigger is None:
+            raise MemoryError(
+                f"propagation needs {slots} term slots at {operation_at(low, at.unit)} ({ws.n} live words in "
+                f"{len(ws.count)} buckets, one needing {at.need} of its {ws.cap}), more than the {most} slots "
+                f"({per_slot} bytes each) that max_capacity={max_capacity} and {MEMORY_SHARE:.0%} of the "
+                f"{memory.available_bytes() / 2**30:.1f} GiB free allow; add truncation (min_abs_coeff, "
+                "max_weight, max_terms) or raise max_capacity")
+        ws = bigger
+    val = np.asarray(native.value(ws.words, ws.coeffs, ws.count, np.asarray(table, np.float64)), dtype)
+    out = None
+    if want_terms:
+        w, c = native.live_terms(ws)
+        out = (w[:, :lanes], w[:, lanes:], c)
+    terms = low.terms_per_row(unit_terms)
+    stats = PropagationStats(terms=terms, dropped_norm=dropped.astype(dtype), overflow=np.bool_(False),
+                             capacity=ws.capacity, max_terms_seen=np.int32(max(at.peak, int(terms.max(initial=0)))))
     return val, stats, out
 
 

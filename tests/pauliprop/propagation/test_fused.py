@@ -28,6 +28,7 @@ def kernels(monkeypatch):
     monkeypatch.setitem(prop.FUSED, "cpu", "interpret")
     monkeypatch.setitem(prop.TILE, "cpu", 256)
     monkeypatch.setattr(prop, "SMALL_RUN_BOUND", {})  # small circuits too on the tiled engine
+    monkeypatch.setenv(prop.NATIVE, "0")  # not the native engine (numba), which CPUs' runs take where installed
     monkeypatch.setattr(fused, "BLOCK", 64)
     return monkeypatch
 

@@ -637,6 +637,7 @@ def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_
     that compiles fast; one whose terms outgrow that buffer runs on the tiled engine, and later calls of
     that circuit and observable go there at once. Exact either way."""
     from pauliprop.propagation import propagate as PR
+    monkeypatch.setenv(PR.NATIVE, "0")  # XLA's engines (a CPU without numba)
     calls = []
     drive_tiled, drive = PR._drive_tiled, PR._drive
     monkeypatch.setattr(PR, "_drive_tiled", lambda *a, **k: calls.append("tiled") or drive_tiled(*a, **k))
