@@ -197,6 +197,14 @@ def worker_ours(case: dict) -> None:
            "backend": jax.default_backend(), "threads": f"XLA default ({os.cpu_count()} cores on the host)",
            "pauliprop_file": pp.__file__,
            "cache_dir": os.environ.get("PAULIPROP_CACHE_DIR")}
+    from pauliprop.propagation import propagate as prop
+
+    native = prop.native_engine()  # CPUs with numba: the native engine (its programs in <cache dir>/numba)
+    rec["engine"] = "native (numba)" if native is not None else "tiled (XLA)"
+    if native is not None:
+        import numba
+
+        rec |= {"numba_version": numba.__version__, "threads": "one (the native engine)"}
     compiles, hits, stages = watch_compilations()
 
     t0 = time.perf_counter()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import NamedTuple
 
 import numba
@@ -110,6 +111,7 @@ class Tables:
         self.rot_index, self.rot_scale, self.rot_offset = sched.rot_index, sched.rot_scale, sched.rot_offset
         self.ch_qubit = sched.ch_qubit.astype(np.int64)
         self.ch_factor = sched.ch_factor.reshape(-1, 4).astype(np.float64)
+        self.last_layout: tuple | None = None  # (k, cap) of the last run's buckets: the next run starts there
 
     def angles(self, params: np.ndarray) -> np.ndarray:
         """Each rotation's angle (engine.rotation_angle on the host)."""
@@ -147,10 +149,27 @@ class Workspace(NamedTuple):
         return int(self.count.sum())
 
 
+_KEPT: dict = {}  # the last run's buffers, (k, cap, lanes, dtype) -> Workspace: the next run's, if it lays out alike
+_KEPT_LOCK = threading.Lock()
+
+
+def keep_workspace(ws: Workspace) -> None:
+    """Keep a finished run's buffers for the next run (they are left fit: flags clear, table empty)."""
+    with _KEPT_LOCK:
+        _KEPT.clear()
+        _KEPT[(len(ws.count).bit_length() - 1, ws.cap, ws.words.shape[1] // 2, ws.coeffs.dtype.name)] = ws
+
+
 def empty_workspace(k: int, cap: int, lanes: int, dtype) -> Workspace:
-    """Buffers of 2^k buckets of `cap` slots (a power of two), none live."""
+    """Buffers of 2^k buckets of `cap` slots (a power of two), none live: the kept ones where they have
+    this shape (their pages already mapped: fresh ones cost the operating system's zeroing), else new."""
     if cap & (cap - 1):
         raise ValueError(f"bucket capacity {cap} is not a power of two")
+    with _KEPT_LOCK:
+        ws = _KEPT.pop((k, cap, lanes, np.dtype(dtype).name), None)
+    if ws is not None:
+        ws.count[:] = 0
+        return ws
     c = cap << k
     slots = lambda t: np.empty(c, t)
     return Workspace(np.empty((c, 2 * lanes), np.uint32), slots(dtype), slots(np.int32), np.zeros(c, np.uint8),
@@ -344,7 +363,7 @@ def _drop(gone, holes, at, i, dropped, rule, c):
     dropped[rule] += abs(c)
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
                    map_te, words, i, w, rx, rz, weight_each, max_weight):
     """Row i through a Clifford run: its image written in place. Returns (sign flipped, dropped by the

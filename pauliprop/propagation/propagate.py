@@ -826,8 +826,12 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     per_slot = native.slot_bytes(lanes, dtype.itemsize)
     most = min(_floor_pow2(_budget("cpu", False) // per_slot), _floor_pow2(max_capacity))
     hashes = native.hash_rows(lanes)  # the run's bucket functionals (they follow the words through Cliffords)
-    ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, native.bucket_bits(t), 0,
-                                most)
+    # the layout the last run of this circuit ended in, if it fits: a warm call lays out once
+    k, cap = tables.last_layout or (native.bucket_bits(t), 0)
+    ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, k, cap, most)
+    if ws is None:
+        ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, native.bucket_bits(t), 0,
+                                    most)
     if ws is None:
         raise MemoryError(f"the observable's {t} terms need {slots} term slots, more than the {most} slots that "
                           f"max_capacity={max_capacity} and the memory allow")
@@ -858,6 +862,8 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     if want_terms:
         w, c = native.live_terms(ws)
         out = (w[:, :lanes], w[:, lanes:], c)
+    tables.last_layout = (len(ws.count).bit_length() - 1, ws.cap)
+    native.keep_workspace(ws)
     terms = low.terms_per_row(unit_terms)
     stats = PropagationStats(terms=terms, dropped_norm=dropped.astype(dtype), overflow=np.bool_(False),
                              capacity=ws.capacity, max_terms_seen=np.int32(max(at.peak, int(terms.max(initial=0)))))
