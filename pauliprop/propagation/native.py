@@ -363,7 +363,7 @@ def _drop(gone, holes, at, i, dropped, rule, c):
     dropped[rule] += abs(c)
 
 
-@njit(nogil=True)
+@njit(nogil=True, no_cpython_wrapper=True)
 def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
                    map_te, words, i, w, rx, rz, weight_each, max_weight):
     """Row i through a Clifford run: its image written in place. Returns (sign flipped, dropped by the
@@ -435,7 +435,7 @@ def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, c
 
 # ---- units ----------------------------------------------------------------------------------------------
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
 def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
                    map_tx, map_tz, map_te, words, coeffs, sins, gone, holes, bucket_count, hashes, w,
                    weight_each, end_weight, max_weight, dropped):
@@ -464,16 +464,17 @@ def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, c
     while (1 << k) < bucket_count.shape[0]:
         k += 1
     row = np.zeros((1, 2 * w), np.uint32)
+    never = weight_each != weight_each  # False, typed as the call above types it (one compiled _clifford_word)
     for r in range(k):
         for l in range(w):
             row[0, l], row[0, w + l] = hashes[r, w + l], hashes[r, l]
         _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx,
-                       map_tz, map_te, row, 0, w, rx, rz, False, 0)
+                       map_tz, map_te, row, r * 0, w, rx, rz, never, max_weight)
         for l in range(w):
             hashes[r, l], hashes[r, w + l] = row[0, w + l], row[0, l]
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
 def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped):
     """The rules on every word (the end of a deferred step)."""
     cap = words.shape[0] // bucket_count.shape[0]
@@ -489,7 +490,7 @@ def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, m
             bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
 def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w,
                   max_weight, min_abs, max_sins, dropped):
     """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient
@@ -514,7 +515,7 @@ def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, 
             bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
 def _rotation(g, cos, sin, gens, words, coeffs, sins, gone, holes, partner, turning, table, bucket_count,
               turning_count, hashes, w, max_weight, min_abs, max_sins, dropped):
     """exp(-i a/2 G) on every word: P -> cos P + sin i G P for the words P that anticommute with G. P xor G
