@@ -7,6 +7,10 @@ result is never silently lossy and never recomputed from the first gate. Inside 
 grad, vmap) the capacity is fixed: an overflow keeps the largest terms, is counted in the stats
 and warned about. Gradients come from the engine's own reverse mode (adjoint.py).
 
+On CPUs with numba installed, concrete calls that the tiled engine takes run on the native engine
+instead (native.py, `_drive_native`; PAULIPROP_NATIVE=0 turns it off): the same units and truncation
+decisions, compiled by numba, in numpy buffers that grow without recompiling.
+
 Programs are shared: the compiled loop depends on the capacity, the lanes, the rules that exist,
 the truncation semantics and the bucketed lengths of the tables, not on the gates; params may be a
 batch (B, P) of parameter sets, which run together in one program (on CPUs, a batch of large
