@@ -47,9 +47,9 @@ OFF = 1 << 30  # a weight or sine limit that never binds (truncation.OFF)
 
 # numba's on-disk cache of these functions: under pauliprop's cache directory, so that one directory holds
 # every compiled program of pauliprop (empty it for a cold start), unless NUMBA_CACHE_DIR says otherwise; off
-# with PAULIPROP_NO_CACHE. numba reads its CACHE_DIR when a function is decorated: it is set for this module's
-# decorators only and restored at the end of the module.
-CACHE = not compilation.disabled()
+# with PAULIPROP_NO_CACHE, unless NUMBA_CACHE_DIR names a folder. numba reads its CACHE_DIR when a function is
+# decorated: it is set for this module's decorators only and restored at the end of the module.
+CACHE = not compilation.disabled() or bool(os.environ.get("NUMBA_CACHE_DIR"))
 _USERS_CACHE_DIR = numba.config.CACHE_DIR
 if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(compilation.cache_directory() / "numba")
