@@ -39,10 +39,10 @@ from numba import njit
 from ..algebra.clifford import CHUNK, popcount
 from ..runtime import compilation
 from . import schedule
+from .truncation import OFF  # a weight or sine limit that never binds
 
 # state of a run (int64): what `run_units` reads and writes between calls
 UNIT, STEP, NEED, PEAK = range(4)
-OFF = 1 << 30  # a weight or sine limit that never binds (truncation.OFF)
 
 
 # numba's on-disk cache of these functions: under pauliprop's cache directory, so that one directory holds
@@ -141,6 +141,11 @@ class Workspace(NamedTuple):
         return int(self.coeffs.shape[0]) // len(self.count)
 
     @property
+    def bucket_bits(self) -> int:
+        """k of the 2^k buckets."""
+        return len(self.count).bit_length() - 1
+
+    @property
     def capacity(self) -> int:
         return int(self.coeffs.shape[0])
 
@@ -157,7 +162,7 @@ def keep_workspace(ws: Workspace) -> None:
     """Keep a finished run's buffers for the next run (they are left fit: flags clear, table empty)."""
     with _KEPT_LOCK:
         _KEPT.clear()
-        _KEPT[(len(ws.count).bit_length() - 1, ws.cap, ws.words.shape[1] // 2, ws.coeffs.dtype.name)] = ws
+        _KEPT[(ws.bucket_bits, ws.cap, ws.words.shape[1] // 2, ws.coeffs.dtype.name)] = ws
 
 
 def empty_workspace(k: int, cap: int, lanes: int, dtype) -> Workspace:

@@ -40,7 +40,7 @@ from ..runtime.batching import batched, vmap_shared
 from ..runtime import memory
 from ..runtime.compilation import Jitted
 from . import adjoint, engine, merge, program, schedule, tiled
-from .truncation import NO_TRUNCATION, RULES, Truncation
+from .truncation import NO_TRUNCATION, OFF, RULES, Truncation
 
 
 class PropagationStats(NamedTuple):
@@ -806,9 +806,8 @@ def native_engine():
 
 
 def _native_limits(truncation: Truncation) -> tuple:
-    off = native_engine().OFF
     pick = lambda v, default: default if v is None else v
-    return pick(truncation.max_weight, off), pick(truncation.min_abs_coeff, 0.0), pick(truncation.max_sins, off)
+    return pick(truncation.max_weight, OFF), pick(truncation.min_abs_coeff, 0.0), pick(truncation.max_sins, OFF)
 
 
 def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
@@ -831,11 +830,11 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     most = min(_floor_pow2(_budget("cpu", False) // per_slot), _floor_pow2(max_capacity))
     hashes = native.hash_rows(lanes)  # the run's bucket functionals (they follow the words through Cliffords)
     # the layout the last run of this circuit ended in, if it fits: a warm call lays out once
+    observable = native.loaded(words, coeffs.astype(dtype), dtype)
     k, cap = tables.last_layout or (native.bucket_bits(t), 0)
-    ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, k, cap, most)
+    ws, slots = native.laid_out(observable, hashes, k, cap, most)
     if ws is None:
-        ws, slots = native.laid_out(native.loaded(words, coeffs.astype(dtype), dtype), hashes, native.bucket_bits(t), 0,
-                                    most)
+        ws, slots = native.laid_out(observable, hashes, native.bucket_bits(t), 0, most)
     if ws is None:
         raise MemoryError(f"the observable's {t} terms need {slots} term slots, more than the {most} slots that "
                           f"max_capacity={max_capacity} and the memory allow")
@@ -851,7 +850,7 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
         if at.need == 0:
             break
         # more buckets for more words, or larger ones
-        k, bits = len(ws.count).bit_length() - 1, native.bucket_bits(ws.n)
+        k, bits = ws.bucket_bits, native.bucket_bits(ws.n)
         bigger, slots = native.laid_out(ws, hashes, max(k, bits), 2 * ws.cap if bits <= k else 0, most)
         if bigger is None:
             raise MemoryError(
@@ -866,7 +865,7 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     if want_terms:
         w, c = native.live_terms(ws)
         out = (w[:, :lanes], w[:, lanes:], c)
-    tables.last_layout = (len(ws.count).bit_length() - 1, ws.cap)
+    tables.last_layout = (ws.bucket_bits, ws.cap)
     native.keep_workspace(ws)
     terms = low.terms_per_row(unit_terms)
     stats = PropagationStats(terms=terms, dropped_norm=dropped.astype(dtype), overflow=np.bool_(False),
