@@ -7,8 +7,8 @@ result is never silently lossy and never recomputed from the first gate. Inside 
 grad, vmap) the capacity is fixed: an overflow keeps the largest terms, is counted in the stats
 and warned about. Gradients come from the engine's own reverse mode (adjoint.py).
 
-On CPUs with numba installed, concrete calls that the tiled engine takes run on the native engine
-instead (native.py, `_drive_native`; PAULIPROP_NATIVE=0 turns it off): the same units and truncation
+On CPUs with numba installed, concrete calls that the tiled engine takes (small runs after their
+first try on the loop) run on the native engine instead (native.py, `_drive_native`; PAULIPROP_NATIVE=0 turns it off): the same units and truncation
 decisions, compiled by numba, in numpy buffers that grow without recompiling.
 
 Programs are shared: the compiled loop depends on the capacity, the lanes, the rules that exist,
@@ -596,14 +596,16 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
     """(value, stats, (x, z, coeffs) of the result when want_terms) of a concrete call: the tiled engine where
     it applies (tiled_supported), small runs first on the loop (small_run_capacity), the rest on the loop."""
     if tiled_supported(circuit, truncation, params, capacity):
-        if native_engine() is not None:
-            return _drive_native(circuit, obs, params, truncation, max_capacity, table, want_terms)
+        # small runs first on the loop, whose first call compiles in about a second (the native engine's numba
+        # code, where its cache is empty, in 20-40 s: experiments/results/first_call_cpu_2026-11-29_native.json)
         small = None if initial_capacity else small_run_capacity(circuit, obs, truncation)
         run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
                                outgrow=False)
         if not run:
             if small:
                 circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
+            if native_engine() is not None:
+                return _drive_native(circuit, obs, params, truncation, max_capacity, table, want_terms)
             return _drive_tiled(circuit, obs, params, truncation, max_capacity, table, want_terms)
     else:
         run = _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table)

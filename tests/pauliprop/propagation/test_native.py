@@ -30,7 +30,9 @@ from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_o
 
 @pytest.fixture(autouse=True)
 def _native_on(monkeypatch):
+    """The native engine, small circuits too (their first try is on the loop: propagate.SMALL_RUN_BOUND)."""
     monkeypatch.setenv(prop.NATIVE, "1")
+    monkeypatch.setattr(prop, "SMALL_RUN_BOUND", {})
 
 
 def _tiled(fn):
@@ -243,7 +245,8 @@ def test_off_by_environment(monkeypatch):
 CACHE_JOB = r"""
 import json
 import pauliprop as pp
-from pauliprop.propagation import native
+from pauliprop.propagation import native, propagate
+propagate.SMALL_RUN_BOUND = {}  # this small circuit on the native engine, not first on the loop
 c = pp.Circuit(5).h(0).cx(0, 1).rx(2, pp.Param(0)).rzz(1, 2, 0.3).t(3).ry(3, pp.Param(1)).depolarize(4, 0.1)
 h = pp.PauliSum.from_labels({"ZZIIZ": 1.0, "IXIYI": 0.5})
 v = float(pp.expectation(c, h, params=[0.1, 0.2], truncation=pp.Truncation(min_abs_coeff=1e-3)))
