@@ -10,6 +10,9 @@ by `circuit_from_qiskit`:
   own definition); the table's composites (p/u1, u/u3, u2, r, rzx, cp/cu1, crx/cry/crz, cu, cu3, ch,
   ccx, ccz, rccx) carry their own exact decompositions into Pauli rotations and Cliffords;
 - unbound Parameters, and expressions affine in one of them, become `Param`s (`Circuit.from_qiskit`);
+- a `PauliEvolutionGate` exp(-i t H) becomes one Pauli rotation a term of H (angle 2 c t) when H's terms
+  commute, which is exact; with non-commuting terms it is refused: Qiskit's definition of it is then a
+  product formula (an approximation, which Qiskit's Statevector and Operator do not use);
 - everything else is expanded through `operation.definition` (Qiskit's exact definitions, user
   `gate` bodies) until only table gates remain.
 
@@ -29,6 +32,8 @@ from __future__ import annotations
 import math
 import re
 from typing import Mapping
+
+import numpy as np
 
 _INSTALL_HINT = 'OpenQASM/Qiskit import needs Qiskit: pip install "pauliprop[qasm]"'
 _MAX_DEPTH = 64  # nesting of definitions; Qiskit's own definitions are far shallower
@@ -155,13 +160,22 @@ def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...], ctx):
     if isinstance(op, ControlFlowOp) or getattr(op, "condition", None) is not None:
         raise _Unsupported(index, where, "classical control flow is not supported: pauliprop estimates "
                                          "expectation values of unitary circuits")
+    if _is_pauli_evolution(op):
+        _emit_pauli_evolution(c, op, qubits, index, where, ctx)
+        return
     direct = _get_tables()
     base = getattr(op, "base_class", type(op))
     params = getattr(op, "params", [])
     if base in direct and _default_ctrl_state(op):
         c.append(direct[base], qubits, *[_angle(p, index, where, *ctx) for p in params])
         return
-    definition = getattr(op, "definition", None)
+    try:
+        definition = getattr(op, "definition", None)
+    except Exception as exc:  # noqa: BLE001 - Qiskit's CircuitError, e.g. rv's definition with unbound parameters
+        unbound = any(getattr(p, "parameters", None) for p in params)
+        raise _Unsupported(index, where, f"Qiskit cannot expand gate '{name}'"
+                                         + (" with unbound parameters (bind them first)" if unbound else "")
+                                         + f": {exc}") from None
     if definition is None and hasattr(op, "to_instruction"):
         try:
             definition = op.to_instruction().definition
@@ -174,6 +188,44 @@ def _emit(c, op, qubits: list[int], index: int, path: tuple[str, ...], ctx):
         if getattr(p, "parameters", None):
             _angle(p, index, where, *ctx)
     _emit_circuit(c, definition, qubits, index, (*path, name), ctx)
+
+
+def _is_pauli_evolution(op) -> bool:
+    from qiskit.circuit.library import PauliEvolutionGate
+
+    return isinstance(op, PauliEvolutionGate)
+
+
+def _emit_pauli_evolution(c, op, qubits: list[int], index: int, where: str, ctx):
+    """exp(-i t H) as exp(-i (2 c_k t)/2 P_k) for each term c_k P_k of H, exact when the terms commute (an
+    identity term is a global phase). Non-commuting terms are refused: no finite product of Pauli
+    rotations is exp(-i t H), and Qiskit's definition (a product formula) only approximates it."""
+    from qiskit.quantum_info import SparseObservable, SparsePauliOp
+
+    parts = op.operator if isinstance(op.operator, list) else [op.operator]
+    parts = [SparsePauliOp.from_sparse_observable(p.as_paulis()) if isinstance(p, SparseObservable) else p
+             for p in parts]
+    h = SparsePauliOp.sum(parts).simplify(atol=0.0, rtol=0.0)  # merges repeated terms, drops none
+    x, z = h.paulis.x.astype(np.int64), h.paulis.z.astype(np.int64)
+    anticommuting = (x @ z.T + z @ x.T) % 2
+    if anticommuting.any():
+        i, j = (int(k) for k in np.argwhere(anticommuting)[0])
+        labels = h.paulis.to_labels()
+        raise _Unsupported(index, where, f"the terms {labels[i]} and {labels[j]} of the evolved operator do not "
+                                         f"commute: exp(-i t H) is then no finite product of Pauli rotations, and "
+                                         f"Qiskit's definition of it is a product formula (an approximation); to "
+                                         f"run that formula, decompose the gate first (qc.decompose())")
+    time = op.params[0]
+    for label, coeff in zip(h.paulis.to_labels(), h.coeffs):
+        coeff = complex(coeff)
+        if coeff.imag:
+            raise _Unsupported(index, where, f"the evolved operator is not Hermitian: term {label} has the "
+                                             f"coefficient {coeff}")
+        sites = [(qubits[j], ch) for j, ch in enumerate(reversed(label)) if ch != "I"]  # rightmost: qubit 0
+        if not sites:
+            continue
+        angle = _angle(2.0 * coeff.real * time, index, where, *ctx)
+        c.append("pauli_rotation", [q for q, _ in sites], angle, pauli="".join(ch for _, ch in sites))
 
 
 def _emit_circuit(c, qc, qubits: list[int], index: int, path: tuple[str, ...], ctx):

@@ -434,3 +434,89 @@ def test_from_qiskit_refuses_angles_not_affine_in_one_parameter():
         build(qc)
         with pytest.raises(ValueError, match=r"instruction 1 \(" + pattern):
             pp.Circuit.from_qiskit(qc)
+
+
+def _equal_up_to_phase(u, want, atol=1e-10):
+    phase = np.vdot(u.ravel(), want.ravel()) / len(u)
+    np.testing.assert_allclose(phase * u, want, atol=atol)
+
+
+PARAMETRIZED_STANDARD_GATES = sorted(name for name, g in get_standard_gate_name_mapping().items()
+                                     if g.params and name not in {"delay", "global_phase"})
+
+
+@pytest.mark.parametrize("name", PARAMETRIZED_STANDARD_GATES)
+def test_every_parametrized_standard_gate_keeps_its_parameters_exactly(name):
+    """Property: every Qiskit standard gate with angles, each angle an affine expression of its own
+    Parameter (2 p - 0.3), converts with Params whose unitary at random values is Qiskit's Operator of
+    the bound gate, up to a global phase."""
+    from qiskit.quantum_info import Operator
+
+    template = get_standard_gate_name_mapping()[name]
+    ps = [Parameter(f"p{k}") for k in range(len(template.params))]
+    qc = QuantumCircuit(template.num_qubits)
+    qc.append(template.base_class(*[2 * p - 0.3 for p in ps]), range(template.num_qubits))
+    c = pp.Circuit.from_qiskit(qc)
+    assert c.num_params == len(ps)
+    for x in np.random.default_rng(sum(map(ord, name))).uniform(-np.pi, np.pi, (2, len(ps))):
+        _equal_up_to_phase(R.dense_unitary(c, x), Operator(qc.assign_parameters(x)).data)
+
+
+def _evolution_circuit(operator, time):
+    from qiskit.circuit.library import PauliEvolutionGate
+
+    qc = QuantumCircuit(4)
+    for q in range(4):
+        qc.ry(0.3 + 0.4 * q, q)
+    qc.append(PauliEvolutionGate(operator, time=time), [3, 0, 2])
+    qc.rx(Parameter("b"), 1)
+    return qc
+
+
+def test_a_pauli_evolution_of_commuting_terms_is_exact_and_differentiable():
+    """Property: exp(-i t H) with commuting terms (a SparsePauliOp, a list of them, a SparseObservable;
+    t affine in a Parameter) becomes one Pauli rotation a term: its unitary is Qiskit's Operator (the exact
+    exponential), and jax.grad of an expectation is the parameter-shift gradient of Qiskit's."""
+    import jax
+    from qiskit.quantum_info import Operator, SparseObservable, SparsePauliOp
+
+    t = Parameter("t")
+    h = SparsePauliOp(["ZZI", "IZZ", "XXX", "III", "ZZI"], [0.7, -0.4, 0.25, 2.0, 0.1])
+    forms = [h, [h[:2], h[2:]], SparseObservable.from_sparse_list([("ZZ", [1, 2], 0.8), ("XXX", [0, 1, 2], 0.25)], 3)]
+    op = SparsePauliOp(["ZIYX", "IXZI"], [1.0, -0.6])
+    for operator in forms:
+        qc = _evolution_circuit(operator, 2 * t + 0.1)
+        c = pp.Circuit.from_qiskit(qc)
+        assert [ins.name for ins in c].count("pauli_rotation") == 3 - (operator is forms[2])
+        x = np.array([0.2, 0.9])  # (b, t): qc.parameters' order
+        _equal_up_to_phase(R.dense_unitary(c, x), Operator(qc.assign_parameters(x)).data)
+    grad = jax.grad(lambda p: pp.expectation(c, pp.PauliSum.from_qiskit(op), p, capacity=256))(jax.numpy.asarray(x))
+    np.testing.assert_allclose(np.asarray(grad), _parameter_shift_gradient(qc, op, x), atol=1e-8)
+
+
+def test_a_pauli_evolution_of_non_commuting_terms_is_refused_and_its_product_formula_runs_decomposed():
+    """Property: exp(-i t H) with non-commuting terms is a ValueError naming two of them and the way out;
+    decomposed (Qiskit's product formula, chosen by the user), it converts to Qiskit's state of that formula."""
+    from qiskit.quantum_info import SparsePauliOp
+
+    qc = _evolution_circuit(SparsePauliOp(["XYZ", "ZZI", "IIX"], [0.5, -1.0, 0.3]), 0.7).assign_parameters([0.4])
+    with pytest.raises(ValueError, match=r"instruction 4 \('PauliEvolution'.*terms XYZ and IIX .* do not commute"
+                                         r".*product formula.*qc\.decompose\(\)"):
+        pp.Circuit.from_qiskit(qc)
+    formula = qc.decompose(gates_to_decompose=["PauliEvolution"])
+    assert fidelity(pp.Circuit.from_qiskit(formula), qiskit_state(formula)) > 1 - TOL
+
+
+def test_a_gate_qiskit_cannot_expand_with_unbound_parameters_is_named():
+    """Property: a gate whose definition Qiskit refuses to build unbound (rv) is a ValueError naming the
+    instruction, the gate and the remedy, not Qiskit's bare CircuitError."""
+    from qiskit.circuit.library import RVGate
+
+    qc = QuantumCircuit(2)
+    qc.h(1)
+    qc.append(RVGate(Parameter("a"), 0.2, 0.3), [0])
+    with pytest.raises(ValueError, match=r"instruction 1 \('rv' on qubit\(s\) \[0\]\): Qiskit cannot expand gate "
+                                         r"'rv' with unbound parameters \(bind them first\)"):
+        pp.Circuit.from_qiskit(qc)
+    bound = qc.assign_parameters([0.5])
+    assert fidelity(pp.Circuit.from_qiskit(bound), qiskit_state(bound)) > 1 - TOL
