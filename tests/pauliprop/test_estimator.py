@@ -169,3 +169,103 @@ def test_importing_pauliprop_needs_no_qiskit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'pip install "pauliprop[qasm]"' in out.stdout
+
+
+# ---- Qiskit's own conformance patterns (test/python/primitives/test_statevector_estimator.py) ------------
+
+def real_amplitudes_2q(reps: int) -> QuantumCircuit:
+    from qiskit.circuit.library import real_amplitudes
+
+    qc = QuantumCircuit(2)
+    qc.append(real_amplitudes(num_qubits=2, reps=reps), [0, 1])
+    return qc
+
+
+def test_qiskits_estimator_run_patterns_give_qiskits_published_values():
+    """Property: the pubs of Qiskit's test_estimator_run and test_estimator_with_pub (real_amplitudes, values
+    as lists, bare sequences, explicit EstimatorPubs over BindingsArray/ObservablesArray) give the values
+    Qiskit's test asserts for StatevectorEstimator."""
+    from qiskit.primitives.containers.bindings_array import BindingsArray
+    from qiskit.primitives.containers.estimator_pub import EstimatorPub
+    from qiskit.primitives.containers.observables_array import ObservablesArray
+
+    psi1, psi2 = real_amplitudes_2q(2), real_amplitudes_2q(3)
+    h1, h2, h3 = (SparsePauliOp.from_list([("II", 1), ("IZ", 2), ("XI", 3)]), SparsePauliOp.from_list([("IZ", 1)]),
+                  SparsePauliOp.from_list([("ZI", 1), ("ZZ", 1)]))
+    theta1, theta2, theta3 = [0, 1, 1, 2, 3, 5], [0, 1, 1, 2, 3, 5, 8, 13], [1, 2, 3, 4, 5, 6]
+    est = pp.Estimator()
+    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-7)
+    close(est.run([(psi1, h1, [theta1])]).result()[0].data.evs, [1.5555572817900956])
+    close(est.run([(psi2, h1, theta2)]).result()[0].data.evs, [2.97797666])
+    close(est.run([(psi1, [h2, h3], theta1)]).result()[0].data.evs, [-0.551653, 0.07535239])
+    r = est.run([(psi1, [h1, h3], [theta1, theta3]), (psi2, h2, theta2)]).result()
+    close(r[0].data.evs, [1.55555728, -1.08766318])
+    close(r[1].data.evs, [0.17849238])
+    pub1 = EstimatorPub(psi1, ObservablesArray.coerce([h1, h3]),
+                        BindingsArray.coerce({tuple(psi1.parameters): [theta1, theta3]}))
+    pub2 = EstimatorPub(psi2, ObservablesArray.coerce(h2), BindingsArray.coerce({tuple(psi2.parameters): theta2}))
+    r = est.run(iter([pub1, pub2])).result()
+    close(r[0].data.evs, [1.55555728, -1.08766318])
+    close(r[1].data.evs, [0.17849238])
+
+
+def test_qiskits_value_forms_endianness_and_metadata():
+    """Property: every form of "no values" and of one or k parameter sets Qiskit's tests pass (None, [],
+    [[]], arrays, lists of arrays), named groups of parameters {("a", "b"): ..., "c": ...}, 1- and 2-qubit
+    endianness, and the result's and pubs' metadata, as StatevectorEstimator gives them."""
+    est = pp.Estimator()
+    x = QuantumCircuit(1)
+    x.x(0)
+    for none in [None, [], [[]], np.array([]), np.array([[]]), [np.array([])]]:
+        res = est.run([(x, SparsePauliOp("Z"), none)]).result()[0]
+        np.testing.assert_allclose(res.data.evs, StatevectorEstimator().run([(x, "Z", none)]).result()[0].data.evs)
+        assert res.metadata["target_precision"] == 0
+    ansatz, op = real_amplitudes_2q(2), SparsePauliOp.from_list([("IZ", 1), ("XI", 2), ("ZY", -1)])
+    values = np.random.default_rng(12).random((5, ansatz.num_parameters))
+    want = StatevectorEstimator().run([(ansatz, op, values)]).result()[0].data.evs
+    for form in [values, values.tolist(), list(values)]:
+        np.testing.assert_allclose(est.run([(ansatz, op, form)]).result()[0].data.evs, want, atol=1e-10, rtol=0)
+
+    a, b, c = Parameter("a"), Parameter("b"), Parameter("c")
+    qc = QuantumCircuit(2)
+    qc.ry(a, 0)
+    qc.rx(b, 1)
+    qc.cx(0, 1)
+    qc.rz(2 * c - 0.5, 1)
+    qc.h(1)
+    groups = {("a", "b"): np.random.default_rng(3).uniform(-3, 3, (2, 3, 2)), "c": np.linspace(-1, 1, 6).reshape(2, 3)}
+    pubs = [(qc, ["ZZ", "XI", "IY"], groups)]
+    np.testing.assert_allclose(est.run(pubs).result()[0].data.evs,
+                               StatevectorEstimator().run(pubs).result()[0].data.evs, atol=1e-10, rtol=0)
+
+    empty, flipped = QuantumCircuit(2), QuantumCircuit(2)
+    flipped.x(0)
+    for circuit in (empty, flipped):
+        for label in ("II", "ZI", "IZ"):
+            got = float(est.run([(circuit, SparsePauliOp(label))]).result()[0].data.evs)
+            assert got == (-1.0 if circuit is flipped and label == "IZ" else 1.0), (label, got)
+
+    tagged = QuantumCircuit(2)
+    tagged.metadata = {"a": 1}
+    result = est.run([(empty, "ZZ"), (tagged, "ZZ")], precision=0.1).result()
+    assert len(result) == 2 and result.metadata == {"version": 2}
+    for pub_result, circuit in zip(result, (empty, tagged)):
+        assert pub_result.metadata["target_precision"] == 0.1
+        assert pub_result.metadata["circuit_metadata"] == circuit.metadata
+
+
+@pytest.mark.parametrize("pubs, precision, cause", [
+    (lambda qc1, qc2, op1, op2: [(qc1, op2)], None, "number of qubits of the circuit"),
+    (lambda qc1, qc2, op1, op2: [(qc1, op1, [[1e4]])], None, "inconsistent with last dimension"),
+    (lambda qc1, qc2, op1, op2: [(qc2, op2, [[1, 2]])], None, "inconsistent with last dimension"),
+    (lambda qc1, qc2, op1, op2: [(qc1, [op1, op2], [[1]])], None, "number of qubits must be the same"),
+    (lambda qc1, qc2, op1, op2: [(qc1, op1)], -1, "precision must be non-negative"),
+    (lambda qc1, qc2, op1, op2: [(qc1, 1j * op1)], 0.1, "not Hermitian"),
+    (lambda qc1, qc2, op1, op2: (qc1, op1), None, "invalid Estimator pub-like"),
+])
+def test_qiskits_bad_pubs_raise_value_errors_naming_the_cause(pubs, precision, cause):
+    """Property: the bad pubs of Qiskit's test_run_errors raise ValueErrors, each naming its cause."""
+    qc1, qc2 = QuantumCircuit(1), QuantumCircuit(2)
+    op1, op2 = SparsePauliOp("I"), SparsePauliOp("II")
+    with pytest.raises(ValueError, match=cause):
+        pp.Estimator().run(pubs(qc1, qc2, op1, op2), precision=precision).result()
