@@ -34,7 +34,9 @@ MERGE, CLIFFORD, LAYER, CHANNEL, NOOP = range(5)
 KIND_NAMES = ("merge", "clifford", "layer", "channel", "noop")
 TABLE, GENERATOR = 0, 1  # how a Clifford element is given: 16-entry table on (a, b), or a quarter turn of G
 MIN_BUCKET = 64
-MIN_MAPS = 32  # dense maps are 256 W^2 bytes each: a small table of them still shares programs
+MIN_MAPS = 32  # dense maps are 512 W^2 bytes each (x and z images): a small table of them still shares programs
+MAPS_PADDING_BYTES = 1 << 26  # ...up to 64 MiB of padding; past 2,048 qubits the table pads to fewer maps (at
+#                               10,000 qubits 32 maps took 1.5 GB and 3.2 s to fill: 2 maps now)
 
 
 def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
@@ -280,6 +282,12 @@ def _compose_elements(elems, w: int) -> clifford.CliffordMap:
     return clifford.map_from_images(x, z, sign)
 
 
+def min_maps(num_lanes: int) -> int:
+    """The fewest maps a padded table holds: MIN_MAPS, fewer where they would pass MAPS_PADDING_BYTES."""
+    fit = MAPS_PADDING_BYTES // (512 * num_lanes * num_lanes)
+    return max(1, min(MIN_MAPS, 1 << max(0, fit.bit_length() - 1)))
+
+
 def padded(s: Schedule, minimum: int = MIN_BUCKET) -> dict:
     """The schedule's tables as numpy arrays padded to bucketed lengths (the jitted loop's input)."""
 
@@ -291,7 +299,7 @@ def padded(s: Schedule, minimum: int = MIN_BUCKET) -> dict:
     steps = bucket(s.num_steps, minimum)
     gc, gr = bucket(len(s.cl_kind), minimum), bucket(len(s.rot_op), minimum)
     gch, gm = bucket(len(s.ch_op), minimum), bucket(len(s.mg_op), minimum)
-    m = bucket(len(s.map_x), MIN_MAPS)
+    m = bucket(len(s.map_x), min_maps(s.num_lanes))
     return dict(
         kind=pad(s.kind, steps, NOOP), start=pad(s.start, steps), count=pad(s.count, steps),
         dense=pad(s.dense, steps),

@@ -156,3 +156,22 @@ def test_monotone_runs_cut_a_layer_where_its_order_turns(qubits):
         extended = qubits[first:nxt + 1]
         assert not (len(extended) > 1 and all((b < a) == (extended[1] < extended[0])
                                                for a, b in zip(extended, extended[1:])))
+
+
+def test_the_map_table_pads_to_fewer_maps_where_maps_are_large(monkeypatch):
+    """Property: up to 2,048 qubits (64 lanes) the dense maps' table pads to MIN_MAPS; past it, to at most
+    MAPS_PADDING_BYTES of maps but at least one (10,000 qubits: 1 map of 25 MB, where 32 took 1.5 GB); a run
+    whose table pads to just the maps it has stays exact."""
+    assert S.min_maps(1) == S.min_maps(64) == S.MIN_MAPS
+    for lanes in (65, 157, 313, 1000):
+        fewest = S.min_maps(lanes)
+        assert fewest < S.MIN_MAPS and (fewest == 1 or fewest * 512 * lanes ** 2 <= S.MAPS_PADDING_BYTES)
+    monkeypatch.setattr(S, "MAPS_PADDING_BYTES", 0)  # every table pads to the maps it has (a power of two)
+    c = pp.Circuit(5)
+    for k in range(3):  # three Clifford runs between rotations: three dense maps (one lane: every run is dense)
+        c.h(0).cx(0, 1).s(2).cz(2, 3).swap(3, 4).sx(1)
+        c.rx(k, 0.3 + k).rzz(k, k + 1, -0.7)
+    sched = S.schedule(P.lower(c))
+    assert len(sched.map_x) == 3 and S.padded(sched)["map_x"].shape[0] == 4
+    h = pp.PauliSum.from_list([("ZXY", [0, 2, 4], 1.0), ("X", [3], -0.5)], 5)
+    assert abs(float(pp.expectation(c, h)) - float(pp.expectation(c, h, method="statevector"))) < 1e-10
