@@ -21,8 +21,11 @@ dropped norms agree with the tiled engine's (tests/pauliprop/propagation/test_na
 
 The buffers are numpy arrays the caller grows (no program depends on a capacity): a rotation whose
 appended words would not fit returns the slots it needs before writing anything, and the caller
-resumes at that rotation in larger buffers. Compiled once per coefficient dtype and cached on disk
-(numba's cache, under pauliprop's cache directory: `configure_cache`).
+resumes at that rotation in larger buffers. The loop over units is Python's (`run`): each unit's
+function is compiled on its own, once per coefficient dtype, and cached on disk (numba's cache, under
+pauliprop's cache directory: `configure_cache`). From THREAD_MIN live words a unit's rotations run on
+several threads (PAULIPROP_NATIVE_THREADS, default every core the process may use): each rotation's
+turning lists by ranges of buckets, then its bucket pairs by ranges of pairs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numba
@@ -40,10 +44,6 @@ from ..algebra.clifford import CHUNK, popcount
 from ..runtime import compilation
 from . import schedule
 from .truncation import OFF  # a weight or sine limit that never binds
-
-# state of a run (int64): what `run_units` reads and writes between calls
-UNIT, STEP, NEED, PEAK = range(4)
-
 
 # numba's on-disk cache of these functions: under pauliprop's cache directory, so that one directory holds
 # every compiled program of pauliprop (empty it for a cold start), unless NUMBA_CACHE_DIR says otherwise; off
@@ -89,7 +89,7 @@ def chunk_tables(image_x: np.ndarray, image_z: np.ndarray, phase: np.ndarray):
 
 
 class Tables:
-    """The numpy tables of a lowered circuit that run_units reads (built once; propagate caches them)."""
+    """The numpy tables of a lowered circuit that run reads (built once; propagate caches them)."""
 
     def __init__(self, sched: schedule.Schedule, units: schedule.Units):
         w = sched.num_lanes
@@ -236,16 +236,61 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
     """Apply the units from `unit` (rotation `step` of it) to the live words of ws. hashes: the bucket
     functionals, which follow the words through the Clifford units (updated in place). limits:
     (max_weight, min_abs_coeff, max_sins), OFF / 0.0 / OFF where a rule is off. Writes the live terms
-    after each unit into unit_terms and adds the 1-norm each rule dropped into dropped (float64)."""
-    state = np.array([unit, step, 0, peak], np.int64)
-    t = tables
-    run_units(t.unit_kind, t.unit_start, t.unit_count, t.unit_dense, t.unit_defer,
-              t.cl_kind, t.cl_qubits, t.cl_table, t.cl_sign, t.cl_gens, t.cl_turns, t.map_tx, t.map_tz, t.map_te,
-              t.rot_gens, cos, sin, t.ch_qubit, t.ch_factor,
-              np.int64(limits[0]), np.float64(limits[1]), np.int64(limits[2]), per_layer, weight_each,
-              ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.partner, ws.turning, ws.table, ws.count,
-              ws.turning_count, hashes, state, unit_terms, dropped)
-    return Progress(*(int(v) for v in state))
+    after each unit into unit_terms and adds the 1-norm each rule dropped into dropped (float64).
+
+    The loop over units is Python's (a few dozen calls a circuit, microseconds each): each unit's function
+    is compiled on its own, so a cold start compiles no program that holds them all again."""
+    t, w = tables, tables.lanes
+    max_weight, min_abs, max_sins = int(limits[0]), float(limits[1]), int(limits[2])
+    for u in range(unit, len(t.unit_kind)):
+        kind, start, count = int(t.unit_kind[u]), int(t.unit_start[u]), int(t.unit_count[u])
+        # the rules this unit applies (tiled.end_rules; a rotation's own unless its step defers them)
+        lw, lc, ls = max_weight, min_abs, max_sins
+        if kind in (schedule.U_SPLIT, schedule.U_LAYER) and t.unit_defer[u]:
+            lw, lc, ls = OFF, 0.0, OFF
+        elif kind == schedule.U_CHANNEL and not per_layer:
+            lw, ls = OFF, OFF
+        if kind == schedule.U_CLIFFORD:
+            clifford = (bool(t.unit_dense[u]), start, count, t.cl_kind, t.cl_qubits, t.cl_table, t.cl_sign,
+                        t.cl_gens, t.cl_turns, t.map_tx, t.map_tz, t.map_te)
+            _clifford_unit(*clifford, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, weight_each,
+                           not weight_each, max_weight, dropped)
+            _follow(clifford, hashes, ws.bucket_bits, w, ws.coeffs.dtype)
+        elif kind == schedule.U_CHANNEL:
+            _channel_unit(start, count, t.ch_qubit, t.ch_factor, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes,
+                          ws.count, w, lw, lc, ls, dropped)
+        elif kind == schedule.U_TRUNCATE:
+            _rules_unit(ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, lw, lc, ls, dropped)
+        elif kind in (schedule.U_SPLIT, schedule.U_LAYER):
+            parts = min(threads(), len(ws.count) // 2) if ws.n >= THREAD_MIN else 1
+            if parts > 1:
+                r, need, peak = _rotations_side_by_side(parts, start + step, start + count, cos, sin, t.rot_gens, ws,
+                                                        hashes, w, lw, lc, ls, dropped, peak)
+            else:
+                r, need, peak = _rotations(start + step, start + count, cos, sin, t.rot_gens, ws.words, ws.coeffs,
+                                           ws.sins, ws.gone, ws.holes, ws.partner, ws.turning, ws.table, ws.count,
+                                           ws.turning_count, hashes, w, lw, lc, ls, dropped, peak)
+            if need > 0:
+                return Progress(u, r - start, need, peak)
+            step = 0
+        n = int(ws.count.sum())
+        unit_terms[u] = n
+        peak = max(peak, n)
+    return Progress(len(t.unit_kind), 0, 0, peak)
+
+
+def _follow(clifford: tuple, hashes: np.ndarray, k: int, w: int, dtype) -> None:
+    """The first k bucket functionals through a Clifford run, so that its words stay in their buckets: a
+    functional f on the words before the run is f' = S M S f after it (S swaps the x and z halves; M^-1 =
+    S M^T S for the symplectic bit map M of the run), so bucket_of(M P) under f' is bucket_of(P) under f.
+    The rows go through the run as words would (_clifford_unit on a bucket of k words, no rule)."""
+    if k == 0:
+        return
+    rows = np.concatenate([hashes[:k, w:], hashes[:k, :w]], 1)
+    slots = lambda t: np.zeros(k, t)
+    _clifford_unit(*clifford, rows, slots(dtype), slots(np.int32), slots(np.uint8), slots(np.int32),
+                   np.array([k], np.int64), w, False, False, OFF, np.zeros(3, np.float64))
+    hashes[:k, :w], hashes[:k, w:] = rows[:, w:], rows[:, :w]
 
 
 # ---- word kernels ---------------------------------------------------------------------------------------
@@ -368,7 +413,7 @@ def _drop(gone, holes, at, i, dropped, rule, c):
     dropped[rule] += abs(c)
 
 
-@njit(nogil=True, no_cpython_wrapper=True)
+@njit(inline="always")
 def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
                    map_te, words, i, w, rx, rz, weight_each, max_weight):
     """Row i through a Clifford run: its image written in place. Returns (sign flipped, dropped by the
@@ -440,12 +485,12 @@ def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, c
 
 # ---- units ----------------------------------------------------------------------------------------------
 
-@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
+@njit(cache=CACHE, nogil=True)
 def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
-                   map_tx, map_tz, map_te, words, coeffs, sins, gone, holes, bucket_count, hashes, w,
+                   map_tx, map_tz, map_te, words, coeffs, sins, gone, holes, bucket_count, w,
                    weight_each, end_weight, max_weight, dropped):
     """A Clifford run on every word, then the weight rule (after each gate when weight_each, else at the
-    run's end when end_weight); the bucket functionals follow: a word stays in its bucket."""
+    run's end when end_weight)."""
     cap = words.shape[0] // bucket_count.shape[0]
     rx = np.zeros(w, np.int64)
     rz = np.zeros(w, np.int64)
@@ -463,23 +508,9 @@ def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, c
                 h += 1
         if h > 0:
             bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
-    # a functional f on the words before the run is f' = S M S f after it (S swaps the x and z halves; M^-1 =
-    # S M^T S for the symplectic bit map M of the run), so bucket_of(M P) under f' is bucket_of(P) under f
-    k = 0
-    while (1 << k) < bucket_count.shape[0]:
-        k += 1
-    row = np.zeros((1, 2 * w), np.uint32)
-    never = weight_each != weight_each  # False, typed as the call above types it (one compiled _clifford_word)
-    for r in range(k):
-        for l in range(w):
-            row[0, l], row[0, w + l] = hashes[r, w + l], hashes[r, l]
-        _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx,
-                       map_tz, map_te, row, r * 0, w, rx, rz, never, max_weight)
-        for l in range(w):
-            hashes[r, l], hashes[r, w + l] = row[0, w + l], row[0, l]
 
 
-@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
+@njit(cache=CACHE, nogil=True)
 def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped):
     """The rules on every word (the end of a deferred step)."""
     cap = words.shape[0] // bucket_count.shape[0]
@@ -495,7 +526,7 @@ def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, m
             bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
 
 
-@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
+@njit(cache=CACHE, nogil=True)
 def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w,
                   max_weight, min_abs, max_sins, dropped):
     """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient
@@ -520,19 +551,58 @@ def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, 
             bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
 
 
-@njit(cache=CACHE, nogil=True, no_cpython_wrapper=True)
-def _rotation(g, cos, sin, gens, words, coeffs, sins, gone, holes, partner, turning, table, bucket_count,
-              turning_count, hashes, w, max_weight, min_abs, max_sins, dropped):
-    """exp(-i a/2 G) on every word: P -> cos P + sin i G P for the words P that anticommute with G. P xor G
-    lies in bucket b xor bucket_of(G) (the functionals are linear), so each pair of buckets is done alone,
-    its words in the cache. Returns 0, or the slots a bucket needs when the appended words might not fit
-    (then nothing was written)."""
-    buckets = bucket_count.shape[0]
-    cap = words.shape[0] // buckets
+@njit(inline="always")
+def _bits(buckets):
+    """k of 2^k buckets."""
     k = 0
     while (1 << k) < buckets:
         k += 1
-    shift = _bucket_of(gens, g, hashes, k, w)
+    return k
+
+
+@njit(cache=CACHE, nogil=True)
+def _turning(g, part, parts, gens, words, bucket_count, turning, turning_count, w):
+    """A rotation by G, first step, on part `part` of `parts` of the buckets (a contiguous range): each bucket's
+    words that anticommute with G listed in turning (per bucket), their number in turning_count."""
+    buckets = bucket_count.shape[0]
+    cap = words.shape[0] // buckets
+    for bucket in range(part * buckets // parts, (part + 1) * buckets // parts):
+        base, t = bucket * cap, 0
+        for i in range(base, base + bucket_count[bucket]):
+            if _anticommutes(words, i, gens, g, w):
+                turning[base + t] = i
+                t += 1
+        turning_count[bucket] = t
+
+
+@njit(cache=CACHE, nogil=True)
+def _need(g, gens, words, bucket_count, turning_count, hashes, w):
+    """0 where every bucket has room for its words and every turning word of its partner bucket (P xor G lies
+    in bucket b xor bucket_of(G): the functionals are linear), else the most slots a bucket needs (a bound,
+    known before anything is written)."""
+    buckets = bucket_count.shape[0]
+    cap = words.shape[0] // buckets
+    shift = _bucket_of(gens, g, hashes, _bits(buckets), w)
+    most = 0
+    for bucket in range(buckets):
+        need = bucket_count[bucket] + turning_count[bucket ^ shift]
+        if need > cap:
+            most = max(most, need)
+    return most
+
+
+@njit(cache=CACHE, nogil=True)
+def _pairs(g, cos, sin, part, parts, gens, words, coeffs, sins, gone, holes, partner, turning, table,
+           bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped):
+    """A rotation by G, second step (after _turning on every part and _need found room), on part `part` of
+    `parts` of the bucket pairs (a, a xor bucket_of(G)): P -> cos P + sin i G P for the turning words P, each
+    pair of buckets alone, its words in the cache. Parts touch disjoint buckets; each has its own table (4 cap
+    entries, -1: empty; left empty) and dropped."""
+    buckets = bucket_count.shape[0]
+    cap = words.shape[0] // buckets
+    shift = _bucket_of(gens, g, hashes, _bits(buckets), w)
+    top = _bits(shift + 1) - 1  # the top set bit of shift: a pair's lower bucket has it clear
+    pairs = buckets // 2 if shift else buckets
     # the bit that tells a pair's two members apart: the lowest set bit of G
     flip_lane, flip_bit = 0, np.int64(0)
     for l in range(2 * w):
@@ -540,21 +610,9 @@ def _rotation(g, cos, sin, gens, words, coeffs, sins, gone, holes, partner, turn
         if v != 0:
             flip_lane, flip_bit = l, v & -v
             break
-    for bucket in range(buckets):
-        base, t = bucket * cap, 0
-        for i in range(base, base + bucket_count[bucket]):
-            if _anticommutes(words, i, gens, g, w):
-                turning[base + t] = i
-                t += 1
-        turning_count[bucket] = t
-    for bucket in range(buckets):  # a bound: every turning word of the partner bucket alone
-        need = bucket_count[bucket] + turning_count[bucket ^ shift]
-        if need > cap:
-            return need
-    for a in range(buckets):
+    for j in range(part * pairs // parts, (part + 1) * pairs // parts):
+        a = ((j >> top) << (top + 1)) | (j & ((1 << top) - 1)) if shift else j  # bit `top` of a is 0
         b = a ^ shift
-        if b < a:
-            continue
         ta = turning_count[a]
         tb = turning_count[b] if b != a else 0
         t = ta + tb
@@ -648,51 +706,23 @@ def _rotation(g, cos, sin, gens, words, coeffs, sins, gone, holes, partner, turn
         bucket_count[a] = _fill_bucket(words, coeffs, sins, gone, holes, base_a, bucket_count[a] + add_a, ha)
         if b != a:
             bucket_count[b] = _fill_bucket(words, coeffs, sins, gone, holes, base_b, bucket_count[b] + add_b, hb)
-    return 0
 
 
 @njit(cache=CACHE, nogil=True)
-def run_units(unit_kind, unit_start, unit_count, unit_dense, unit_defer,
-              cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz, map_te,
-              rot_gens, rot_cos, rot_sin, ch_qubit, ch_factor,
-              max_weight, min_abs, max_sins, per_layer, weight_each,
-              words, coeffs, sins, gone, holes, partner, turning, table, bucket_count, turning_count, hashes,
-              state, unit_terms, dropped):
-    """Apply units state[UNIT] .. end (from rotation state[STEP] of the first) to the live words. Stops with
-    state[NEED] > 0 at a rotation whose appended words might not fit its buckets. Writes state, the live
-    terms after each unit and the 1-norm dropped per rule."""
-    w = words.shape[1] // 2
-    for u in range(state[UNIT], unit_kind.shape[0]):
-        kind, start, count = unit_kind[u], unit_start[u], unit_count[u]
-        # the rules this unit applies (tiled.end_rules; a rotation's own unless its step defers them)
-        lw, lc, ls = max_weight, min_abs, max_sins
-        if (kind == schedule.U_SPLIT or kind == schedule.U_LAYER) and unit_defer[u]:
-            lw, lc, ls = np.int64(OFF), 0.0, np.int64(OFF)
-        elif kind == schedule.U_CHANNEL and not per_layer:
-            lw, ls = np.int64(OFF), np.int64(OFF)
-        if kind == schedule.U_CLIFFORD:
-            _clifford_unit(unit_dense[u], start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
-                           map_tx, map_tz, map_te, words, coeffs, sins, gone, holes, bucket_count, hashes, w,
-                           weight_each, not weight_each, max_weight, dropped)
-        elif kind == schedule.U_CHANNEL:
-            _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w,
-                          lw, lc, ls, dropped)
-        elif kind == schedule.U_TRUNCATE:
-            _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, lw, lc, ls, dropped)
-        elif kind == schedule.U_SPLIT or kind == schedule.U_LAYER:
-            for r in range(state[STEP], count):
-                need = _rotation(start + r, rot_cos[start + r], rot_sin[start + r], rot_gens, words, coeffs, sins,
-                                 gone, holes, partner, turning, table, bucket_count, turning_count, hashes, w,
-                                 lw, lc, ls, dropped)
-                if need > 0:
-                    state[UNIT], state[STEP], state[NEED] = u, r, need
-                    return
-                state[PEAK] = max(state[PEAK], bucket_count.sum())
-            state[STEP] = 0
-        n = bucket_count.sum()
-        unit_terms[u] = n
-        state[PEAK] = max(state[PEAK], n)
-    state[UNIT], state[STEP], state[NEED] = unit_kind.shape[0], 0, 0
+def _rotations(first, end, rot_cos, rot_sin, gens, words, coeffs, sins, gone, holes, partner, turning, table,
+               bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped, peak):
+    """The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every
+    word. Returns (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing
+    of that rotation written), the most live words after any rotation (at least peak))."""
+    for g in range(first, end):
+        _turning(g, 0, 1, gens, words, bucket_count, turning, turning_count, w)
+        need = _need(g, gens, words, bucket_count, turning_count, hashes, w)
+        if need > 0:
+            return g, need, peak
+        _pairs(g, rot_cos[g], rot_sin[g], 0, 1, gens, words, coeffs, sins, gone, holes, partner, turning, table,
+               bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped)
+        peak = max(peak, bucket_count.sum())
+    return end, 0, peak
 
 
 @njit(cache=CACHE, nogil=True)
@@ -747,6 +777,64 @@ def live_terms(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
     rows = np.concatenate([np.arange(b * cap, b * cap + c) for b, c in enumerate(ws.count.tolist())]) \
         if len(ws.count) else np.zeros(0, np.int64)
     return ws.words[rows], ws.coeffs[rows]
+
+
+# ---- threads -------------------------------------------------------------------------------------------------
+
+THREADS = "PAULIPROP_NATIVE_THREADS"  # environment: the threads a run's rotations use (default: every core it may use)
+THREAD_MIN = 1 << 17  # live words from which a unit's rotations run on several threads (below, a rotation's work
+#                       is too little for two thread hand-offs and five calls from Python, about 0.1 ms)
+_POOL: list = [None]
+_POOL_LOCK = threading.Lock()
+
+
+def threads() -> int:
+    """The threads a run's rotations use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on."""
+    if os.environ.get(THREADS):
+        return max(1, int(os.environ[THREADS]))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _side_by_side(parts: int, call) -> None:
+    """call(part) for every part: part 0 on this thread, the others on the pool's threads (the functions
+    release the GIL); returns once all are done."""
+    with _POOL_LOCK:
+        pool = _POOL[0]
+        if pool is None or pool._max_workers < parts - 1:
+            pool = _POOL[0] = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="pauliprop-native")
+    futures = [pool.submit(call, p) for p in range(1, parts)]
+    try:
+        call(0)
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _rotations_side_by_side(parts: int, first: int, end: int, cos: np.ndarray, sin: np.ndarray, gens: np.ndarray,
+                            ws: Workspace, hashes: np.ndarray, w: int, max_weight: int, min_abs: float,
+                            max_sins: int, dropped: np.ndarray, peak: int) -> tuple:
+    """_rotations on `parts` threads: each rotation's turning lists by ranges of buckets, then (where every
+    bucket has room) its bucket pairs by ranges of pairs, each thread with its own table and dropped. The
+    same values and terms as on one thread (a pair's arithmetic does not depend on who does it); the dropped
+    norms summed in another order."""
+    tables = [ws.table] + [np.full_like(ws.table, -1) for _ in range(1, parts)]
+    drops = np.zeros((parts, len(dropped)))
+    try:
+        for g in range(first, end):
+            _side_by_side(parts, lambda p: _turning(g, p, parts, gens, ws.words, ws.count, ws.turning,
+                                                    ws.turning_count, w))
+            need = _need(g, gens, ws.words, ws.count, ws.turning_count, hashes, w)
+            if need > 0:
+                return g, need, peak
+            c, s = cos[g], sin[g]
+            _side_by_side(parts, lambda p: _pairs(g, c, s, p, parts, gens, ws.words, ws.coeffs, ws.sins, ws.gone,
+                                                  ws.holes, ws.partner, ws.turning, tables[p], ws.count,
+                                                  ws.turning_count, hashes, w, max_weight, min_abs, max_sins,
+                                                  drops[p]))
+            peak = max(peak, int(ws.count.sum()))
+        return end, 0, peak
+    finally:
+        dropped += drops.sum(0)
 
 
 numba.config.CACHE_DIR = _USERS_CACHE_DIR

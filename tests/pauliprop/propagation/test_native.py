@@ -134,6 +134,30 @@ def test_buckets_that_start_small_grow_with_the_same_answer(monkeypatch):
     assert abs(float(small[0]) - float(pp.expectation(c, h, params, method="statevector"))) < 2e-3
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
+    """A unit's rotations on several threads (ranges of buckets, then of bucket pairs, each thread with its
+    own table and dropped norms): the one-thread run's value, live terms after every row and dropped norms
+    (to rounding: sums in another order), with buckets relaid out as the words grow."""
+    rng = np.random.default_rng(41)
+    c, k = _layered(10, 3, rng)
+    h = pp.PauliSum.from_labels({"ZZIIIIIIII": 1.0, "IXIIYIIIIZ": 0.5})
+    params = rng.normal(size=k)
+    truncation = pp.Truncation(min_abs_coeff=1e-4, max_weight=7)
+    monkeypatch.setattr(native, "TARGET_BUCKET", 16)
+    monkeypatch.setenv(native.THREADS, "1")
+    one = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    monkeypatch.setattr(native, "THREAD_MIN", 0)
+    monkeypatch.setenv(native.THREADS, str(threads))
+    called = []
+    side_by_side = native._rotations_side_by_side
+    monkeypatch.setattr(native, "_rotations_side_by_side", lambda parts, *a: called.append(parts) or
+                        side_by_side(parts, *a))
+    many = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    assert int(many[1].max_terms_seen) > 1000 and threads in called
+    _assert_same_run(many, one)
+
+
 def test_every_word_stays_in_the_bucket_its_functionals_give():
     """The bucket functionals follow the words through Clifford runs (dense maps, gate tables, quarter turns
     of generators) and rotations: after a run, each live word's bucket is its parities against them."""
@@ -244,15 +268,16 @@ def test_off_by_environment(monkeypatch):
 
 CACHE_JOB = r"""
 import json
+import numba
 import pauliprop as pp
 from pauliprop.propagation import native, propagate
 propagate.SMALL_RUN_BOUND = {}  # this small circuit on the native engine, not first on the loop
 c = pp.Circuit(5).h(0).cx(0, 1).rx(2, pp.Param(0)).rzz(1, 2, 0.3).t(3).ry(3, pp.Param(1)).depolarize(4, 0.1)
 h = pp.PauliSum.from_labels({"ZZIIZ": 1.0, "IXIYI": 0.5})
-v = float(pp.expectation(c, h, params=[0.1, 0.2], truncation=pp.Truncation(min_abs_coeff=1e-3)))
-stats = [f.stats for f in (native.run_units, native.value)]
-print(json.dumps({"value": v, "hits": sum(sum(s.cache_hits.values()) for s in stats),
-                  "misses": sum(sum(s.cache_misses.values()) for s in stats)}))
+v = float(pp.expectation(c, h, params=[0.1, 0.2], truncation=pp.Truncation(min_abs_coeff=1e-3, per="layer")))
+compiled = {n: f.stats for n, f in vars(native).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
+print(json.dumps({"value": v, "hits": {n: sum(s.cache_hits.values()) for n, s in compiled.items()},
+                  "misses": {n: sum(s.cache_misses.values()) for n, s in compiled.items()}}))
 """
 
 
@@ -268,8 +293,8 @@ def test_a_second_process_compiles_nothing(tmp_path):
         [sys.executable, "-c", CACHE_JOB], capture_output=True, text=True, env=env, timeout=600,
         check=True).stdout.strip().splitlines()[-1])
     first = run()
-    assert first["misses"] == 2 and first["hits"] == 0, first
+    assert any(first["misses"].values()) and not any(first["hits"].values()), first
     assert any((tmp_path / "numba").rglob("*.nbi"))
     second = run()
-    assert second["misses"] == 0 and second["hits"] == 2, second
+    assert not any(second["misses"].values()) and any(second["hits"].values()), second
     assert second["value"] == first["value"]
