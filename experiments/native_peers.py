@@ -204,7 +204,8 @@ def worker_ours(case: dict) -> None:
     if native is not None:
         import numba
 
-        rec |= {"numba_version": numba.__version__, "threads": "one (the native engine)"}
+        rec |= {"numba_version": numba.__version__,
+                "threads": f"{native.threads()} from {native.THREAD_MIN} live words, else one (the native engine)"}
     compiles, hits, stages = watch_compilations()
 
     t0 = time.perf_counter()
@@ -519,7 +520,8 @@ def main(argv=None):
     meta |= {"git": benchtools.git_state(), "peer_threads": threads,
              "thread_settings": {"paulistrings": f"RAYON_NUM_THREADS={threads}",
                                  "monoprop": f"monoprop_NUM_THREADS={threads}",
-                                 "ours": "XLA's default CPU thread pool (not set)"},
+                                 "ours": "CPUs: the native engine's PAULIPROP_NATIVE_THREADS (default: every core in "
+                                         "the affinity mask; see each record's threads), XLA's default pool"},
              "timeout_s": args.timeout, "repeats": args.repeats,
              "ours_src": str(args.ours_src.resolve()) if args.ours_src else None}
 
