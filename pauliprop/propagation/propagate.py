@@ -595,6 +595,16 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
                     initial_capacity, table, want_terms: bool = False):
     """(value, stats, (x, z, coeffs) of the result when want_terms) of a concrete call: the tiled engine where
     it applies (tiled_supported), small runs first on the loop (small_run_capacity), the rest on the loop."""
+    if (params is not None and np.ndim(params) == 2 and len(params) and not want_terms and not initial_capacity
+            and native_engine() is not None and tiled_supported(circuit, truncation, None, capacity)):
+        small = small_run_capacity(circuit, obs, truncation)
+        run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
+                               outgrow=False)
+        if not run:
+            if small:
+                circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
+            return _drive_native_batch(circuit, obs, params, truncation, max_capacity, table)
+        return run[2], run[1], None
     if tiled_supported(circuit, truncation, params, capacity):
         # small runs first on the loop, whose first call compiles in about a second (the native engine's numba
         # code, where its cache is empty, in 20-40 s: experiments/results/first_call_cpu_2026-11-29_native.json)
@@ -875,6 +885,18 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     return val, stats, out
 
 
+def _drive_native_batch(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table):
+    """A concrete batch (B, P) on the native engine: the sets one after another (each warm in the last one's
+    buffers), with the batched loop's stats: terms after each row the most of any set, dropped norms and
+    overflow per set."""
+    runs = [_drive_native(circuit, obs, p, truncation, max_capacity, table) for p in np.asarray(params)]
+    stats = [s for _, s, _ in runs]
+    return np.stack([v for v, _, _ in runs]), PropagationStats(
+        terms=np.max([s.terms for s in stats], axis=0), dropped_norm=np.stack([s.dropped_norm for s in stats]),
+        overflow=np.zeros(len(stats), bool), capacity=max(s.capacity for s in stats),
+        max_terms_seen=np.int32(max(int(s.max_terms_seen) for s in stats))), None
+
+
 def operation_at(low: Lowered, unit: int) -> str:
     ops = low.rows[np.flatnonzero(low.units.unit_of_op == unit)]
     return f"row {int(ops.max())} of the lowered circuit" if len(ops) else f"unit {unit}"
@@ -953,7 +975,8 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
     method: "pauli" (backward Pauli propagation, with truncation) or "statevector" (exact, small n).
     state: "0", "+", a bitstring such as "0110" (character q is qubit q), a string over
     0 1 + - r l per qubit, or an (n, 3) array of Bloch vectors (a product state).
-    params: (P,), or a batch (B, P) of parameter sets that propagate together (values of shape (B,)).
+    params: (P,), or a batch (B, P) of parameter sets that propagate together (values of shape (B,); on
+    the native CPU engine a concrete batch runs set by set, with the same values and stats).
     Differentiable (reverse mode) in params and in the observable's coefficients: the derivative of
     the estimator with its truncation decisions frozen, by the engine's reverse mode (adjoint.py);
     under jax.vmap the batch shares the engine's branches (runtime/batching.py). Under a trace pass `capacity`.

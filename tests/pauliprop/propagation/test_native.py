@@ -158,6 +158,29 @@ def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
     _assert_same_run(many, one)
 
 
+def test_a_batch_runs_its_sets_on_the_native_engine(monkeypatch):
+    """A concrete batch (B, P): each set's own run (its value, dropped norms and overflow), terms after each
+    row the most of any set, as the batched loop reports them; its values and dropped norms equal the
+    batched loop's."""
+    rng = np.random.default_rng(23)
+    c, k = _layered(8, 3, rng)
+    h = pp.PauliSum.from_labels({"ZZIIIIII": 1.0, "IXIIYIIZ": 0.5})
+    params = rng.normal(size=(3, k))
+    truncation = pp.Truncation(min_abs_coeff=1e-3, max_weight=5)
+    batch, drive = [], prop._drive_native_batch
+    monkeypatch.setattr(prop, "_drive_native_batch", lambda *a: batch.append(1) or drive(*a))
+    val, stats = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    assert batch and np.shape(val) == (3,) and np.shape(stats.dropped_norm) == (3, 5)
+    sets = [pp.expectation(c, h, p, truncation=truncation, return_stats=True) for p in params]
+    np.testing.assert_array_equal(np.asarray(val), [float(v) for v, _ in sets])
+    np.testing.assert_array_equal(np.asarray(stats.dropped_norm), [np.asarray(s.dropped_norm) for _, s in sets])
+    np.testing.assert_array_equal(np.asarray(stats.terms), np.max([np.asarray(s.terms) for _, s in sets], 0))
+    assert int(stats.max_terms_seen) == max(int(s.max_terms_seen) for _, s in sets) and not np.any(stats.overflow)
+    loop_val, loop_stats = _tiled(lambda: pp.expectation(c, h, params, truncation=truncation, return_stats=True))
+    np.testing.assert_allclose(np.asarray(val), np.asarray(loop_val), atol=1e-12)
+    np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(loop_stats.dropped_norm), atol=1e-12)
+
+
 def test_every_word_stays_in_the_bucket_its_functionals_give():
     """The bucket functionals follow the words through Clifford runs (dense maps, gate tables, quarter turns
     of generators) and rotations: after a run, each live word's bucket is its parities against them."""
