@@ -790,8 +790,11 @@ _POOL_LOCK = threading.Lock()
 
 def threads() -> int:
     """The threads a run's rotations use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on."""
-    if os.environ.get(THREADS):
-        return max(1, int(os.environ[THREADS]))
+    given = os.environ.get(THREADS, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"{THREADS}={given!r}: give the number of threads, a positive integer")
+        return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -12,6 +12,7 @@ buffers a run leaves are the next run's) agree with fresh ones.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -179,6 +180,13 @@ def test_a_batch_runs_its_sets_on_the_native_engine(monkeypatch):
     loop_val, loop_stats = _tiled(lambda: pp.expectation(c, h, params, truncation=truncation, return_stats=True))
     np.testing.assert_allclose(np.asarray(val), np.asarray(loop_val), atol=1e-12)
     np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(loop_stats.dropped_norm), atol=1e-12)
+
+
+@pytest.mark.parametrize("given", ["two", "0", "-1", "1.5"])
+def test_a_bad_thread_count_is_refused_by_name(monkeypatch, given):
+    monkeypatch.setenv(native.THREADS, given)
+    with pytest.raises(ValueError, match=f"PAULIPROP_NATIVE_THREADS='{re.escape(given)}'.*positive integer"):
+        native.threads()
 
 
 def test_every_word_stays_in_the_bucket_its_functionals_give():
