@@ -784,7 +784,7 @@ def live_terms(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
 THREADS = "PAULIPROP_NATIVE_THREADS"  # environment: the threads a run's rotations use (default: every core it may use)
 THREAD_MIN = 1 << 17  # live words from which a unit's rotations run on several threads (below, a rotation's work
 #                       is too little for two thread hand-offs and five calls from Python, about 0.1 ms)
-_POOL: list = [None]
+_POOL: list = [None, 0]  # the threads' pool and its size (grown, never shrunk)
 _POOL_LOCK = threading.Lock()
 
 
@@ -802,9 +802,10 @@ def _side_by_side(parts: int, call) -> None:
     """call(part) for every part: part 0 on this thread, the others on the pool's threads (the functions
     release the GIL); returns once all are done."""
     with _POOL_LOCK:
-        pool = _POOL[0]
-        if pool is None or pool._max_workers < parts - 1:
-            pool = _POOL[0] = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="pauliprop-native")
+        pool, size = _POOL
+        if pool is None or size < parts - 1:  # (a smaller one left as it is: a caller may still be submitting)
+            pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="pauliprop-native")
+            _POOL[:] = [pool, parts - 1]
     futures = [pool.submit(call, p) for p in range(1, parts)]
     try:
         call(0)
