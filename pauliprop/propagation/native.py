@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from ..algebra.clifford import CHUNK, popcount
-from ..runtime import compilation
+from ..runtime import compilation, memory
 from . import schedule
 from .truncation import OFF  # a weight or sine limit that never binds
 
@@ -795,7 +795,7 @@ def threads() -> int:
         if not given.isdigit() or int(given) < 1:
             raise ValueError(f"{THREADS}={given!r}: give the number of threads, a positive integer")
         return int(given)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return memory.cores()
 
 
 def _side_by_side(parts: int, call) -> None:

@@ -434,7 +434,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
     cap = capacity if fixed else (initial_capacity or default_capacity(obs, truncation))
     if cap < 1 or cap < len(obs):
         raise ValueError(f"capacity {cap} is smaller than the observable's {len(obs)} terms")
-    workers = min(batch or 1, _cores())
+    workers = min(batch or 1, memory.cores())
     if backend == "cpu" and workers > 1 and cap >= SIDE_BY_SIDE_CAPACITY:
         return _drive_side_by_side(circuit, obs, np.asarray(params), truncation, capacity, max_capacity,
                                    initial_capacity, table, workers)
@@ -499,13 +499,6 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
 
 
 SIDE_BY_SIDE_CAPACITY = 1 << 14  # CPUs: a batch whose buffers start this large runs members side by side
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _drive_side_by_side(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
@@ -595,17 +588,11 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
                     initial_capacity, table, want_terms: bool = False):
     """(value, stats, (x, z, coeffs) of the result when want_terms) of a concrete call: the tiled engine where
     it applies (tiled_supported), small runs first on the loop (small_run_capacity), the rest on the loop."""
-    if (params is not None and np.ndim(params) == 2 and len(params) and not want_terms and not initial_capacity
-            and native_engine() is not None and tiled_supported(circuit, truncation, None, capacity)):
-        small = small_run_capacity(circuit, obs, truncation)
-        run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
-                               outgrow=False)
-        if not run:
-            if small:
-                circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
-            return _drive_native_batch(circuit, obs, params, truncation, max_capacity, table)
-        return run[2], run[1], None
-    if tiled_supported(circuit, truncation, params, capacity):
+    # a concrete batch goes to the native engine set by set, where the tiled engine would take each set
+    native_batch = (params is not None and np.ndim(params) == 2 and len(params) and not want_terms
+                    and not initial_capacity and native_engine() is not None
+                    and tiled_supported(circuit, truncation, None, capacity))
+    if native_batch or tiled_supported(circuit, truncation, params, capacity):
         # small runs first on the loop, whose first call compiles in about a second (the native engine's numba
         # code, where its cache is empty, in 20-40 s: experiments/results/first_call_cpu_2026-11-29_native.json)
         small = None if initial_capacity else small_run_capacity(circuit, obs, truncation)
@@ -614,6 +601,8 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
         if not run:
             if small:
                 circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
+            if native_batch:
+                return _drive_native_batch(circuit, obs, params, truncation, max_capacity, table)
             if native_engine() is not None:
                 return _drive_native(circuit, obs, params, truncation, max_capacity, table, want_terms)
             return _drive_tiled(circuit, obs, params, truncation, max_capacity, table, want_terms)

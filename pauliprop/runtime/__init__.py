@@ -1,6 +1,6 @@
 """JAX-level support that knows nothing of Pauli words or circuits: the persistent compilation cache
 (compilation), array primitives tuned per backend (prefix: prefix sums, first-k selection, on_cpu),
 a batching rule under which a vmapped batch shares one branch per step (batching), and the device's
-memory and what is free of it (memory).
+memory and what is free of it, and the host's cores (memory).
 
 Imports nothing else of pauliprop; every other folder may import it."""

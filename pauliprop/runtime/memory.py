@@ -1,6 +1,6 @@
 """How much memory the default device has, and how much of it is free: the budgets that size
 reverse-mode records, state vectors and the Pauli engine's buffers, read when a computation is
-planned."""
+planned; and the host's cores this process may use (its threads)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,11 @@ def available_bytes() -> int:
     except OSError:
         pass
     return device_memory_bytes()
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask; all of the machine's where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

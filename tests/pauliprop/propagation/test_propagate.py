@@ -551,7 +551,7 @@ def test_a_cpu_batch_of_large_members_runs_them_side_by_side_each_its_own(monkey
     real_drive = PR._drive_side_by_side
     monkeypatch.setattr(PR, "_drive_side_by_side", lambda *a: drives.append(a[-1]) or real_drive(*a))
     monkeypatch.setattr(PR, "SIDE_BY_SIDE_CAPACITY", 16)
-    monkeypatch.setattr(PR, "_cores", lambda: 2)
+    monkeypatch.setattr(PR.memory, "cores", lambda: 2)
     vals, stats = pp.expectation(c, obs, batch, **kw)
     summed, _ = pp.propagate(c, obs, batch, truncation=trunc, initial_capacity=16)
     assert drives == [2, 2]  # both calls ran side by side, on two threads
