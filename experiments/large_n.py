@@ -15,11 +15,11 @@ either end one by one and two bulk sites, one of each parity, for the rest (the 
 under a shift by two sites). Each record says whether |estimate - exact| <= the dropped 1-norm.
 
 Each (case, n) runs in two fresh processes: the first with an EMPTY cache (PAULIPROP_CACHE_DIR a new
-folder: JAX's compiled programs and the native engine's numba code), the second on the cache the first
+folder: JAX's compiled programs; the native engine compiles nothing), the second on the cache the first
 filled. Per process: the import, the build, the first call (lowering, compiling or loading, running),
 the XLA programs it compiled or loaded (JAX's compile log), warm calls (the same call again: as many as
 --repeats, within --timeout), peak and final terms, the dropped 1-norm, peak RSS, the engine (native on
-CPUs with numba, tiled on GPUs) and the load average around it (the machine may be shared).
+CPUs, tiled on GPUs) and the load average around it (the machine may be shared).
 
     python experiments/large_n.py                        # CPU or GPU, whichever JAX sees; writes
                                                          # experiments/results/large_n_<backend>_<date>.json
@@ -90,7 +90,7 @@ def worker_environment(case: dict) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    return benchtools.environment(("numba", "qiskit")) | {"command": case["command"]}
+    return benchtools.environment(("qiskit",)) | {"command": case["command"]}
 
 
 def worker_exact(case: dict) -> dict:
@@ -138,7 +138,7 @@ def worker_ours(case: dict) -> dict:
 
     rec = {"import_s": time.perf_counter() - t0, "backend": jax.default_backend(),
            "device": str(jax.devices()[0].device_kind), "cache_dir": os.environ.get("PAULIPROP_CACHE_DIR")}
-    rec["engine"] = "native (numba)" if prop.native_engine() is not None else "tiled (XLA)"
+    rec["engine"] = "native (C)" if prop.native_engine() is not None else "tiled (XLA)"
     compiles, hits, stages = benchtools.watch_compilations()
     (circuit, obs), t, _ = timed(lambda: (brickwork(pp, case["qubits"], case["steps"]), observable(pp, case)))
     rec |= {"build_s": t, "num_gates": len(circuit), "num_terms": len(obs)}

@@ -199,12 +199,10 @@ def worker_ours(case: dict) -> None:
            "cache_dir": os.environ.get("PAULIPROP_CACHE_DIR")}
     from pauliprop.propagation import propagate as prop
 
-    native = prop.native_engine()  # CPUs with numba: the native engine (its programs in <cache dir>/numba)
-    rec["engine"] = "native (numba)" if native is not None else "tiled (XLA)"
+    native = prop.native_engine()  # CPUs: the native engine (C loops built at install), else the tiled engine
+    rec["engine"] = "native (C)" if native is not None else "tiled (XLA)"
     if native is not None:
-        import numba
-
-        rec |= {"numba_version": numba.__version__,
+        rec |= {"native_library": native._native.__file__,
                 "threads": f"{native.threads()} from {native.THREAD_MIN} live words, else one (the native engine)"}
     compiles, hits, stages = watch_compilations()
 

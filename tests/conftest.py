@@ -14,9 +14,6 @@
   (PAULIPROP_NO_CACHE=1 keeps pauliprop from turning on its default one;
   tests/pauliprop/runtime/test_compilation.py tests that one in subprocesses of its own). An explicit
   JAX_COMPILATION_CACHE_DIR from the environment is kept.
-* numba's cache for the native engine (pauliprop/propagation/native.py) in the run's temporary folder too
-  (NUMBA_CACHE_DIR, which native.py honours although PAULIPROP_NO_CACHE is set): the workers and the
-  subprocesses load what the first compiled (10-20 s of compiling each on the 2-core machine otherwise).
 * Hypothesis: no deadline (the first example of a property pays for the JAX compile).
 * XLA:CPU compiles the test session's programs fast (TEST_XLA_FLAGS: LLVM at -O0, no fusion emitters,
   pauliprop's propagate.FAST_COMPILE for every program): tests run small buffers, whose programs take
@@ -76,12 +73,9 @@ jax.config.update("jax_enable_x64", True)
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    """The run's compilation caches: <basetemp>/jax-cache and <basetemp>/numba-cache (the native engine's
-    numba code: compiled once a run, not in every worker and subprocess; the workers' common parent under
-    xdist)."""
+    """The run's compilation cache: <basetemp>/jax-cache (the workers' common parent under xdist)."""
     base = config._tmp_path_factory.getbasetemp()
     common = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(common / "numba-cache"))
     if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
         return
     folder = common / "jax-cache"

@@ -108,6 +108,12 @@ def test_no_module_imports_itself_through_a_circle(package):
     assert not cycles, "import circles:\n" + "\n".join(circles)
 
 
+def _c_extension_beside(path: Path, base: str, name: str) -> bool:
+    """Whether `from base import name` in `path` imports a C extension of path's own folder (native.py's
+    _native, from _native.c): the modules beside it may import it; those of other folders may not."""
+    return base.split(".")[-1] == path.parent.name and (path.parent / f"{name}.c").exists()
+
+
 def _private_uses(package: str, path: Path, package_modules: set[str]) -> list[str]:
     """`from <package module> import _name` and `<alias of a package module>._name` in one file."""
     me = _module_name(package, path)
@@ -124,7 +130,7 @@ def _private_uses(package: str, path: Path, package_modules: set[str]) -> list[s
             if base.split(".")[0] != package:
                 continue
             for alias in node.names:
-                if _private(alias.name):
+                if _private(alias.name) and not _c_extension_beside(path, base, alias.name):
                     found.append(f"{path}:{node.lineno}: from {base} import {alias.name}")
                 elif is_module(f"{base}.{alias.name}"):
                     modules[alias.asname or alias.name] = f"{base}.{alias.name}"

@@ -1,10 +1,11 @@
-"""The CPU engine compiled by numba (the `native` extra): the tiled engine's units as loops over words.
+"""The native CPU engine: the tiled engine's units as loops over words, in C (_native.c, compiled when the
+package is installed: a process's first call compiles nothing).
 
 On CPUs a pass of the tiled engine (tiled.py) is some thirty XLA:CPU ops of gathers and scatters
-over every word, 5-7 ns an element each; a loop compiled by numba visits each word once a gate and
-does all of that gate's work on it. It runs the same units as the tiled engine (schedule.units with
-layers) with the same arithmetic and the same truncation decisions, so values, term counts and
-dropped norms agree with the tiled engine's (tests/pauliprop/propagation/test_native.py):
+over every word, 5-7 ns an element each; a C loop visits each word once a gate and does all of that
+gate's work on it. It runs the same units as the tiled engine (schedule.units with layers) with the
+same arithmetic and the same truncation decisions, so values, term counts and dropped norms agree
+with the tiled engine's (tests/pauliprop/propagation/test_native.py):
 
   Clifford run  each word through the run's dense map (`chunk_tables`: a lookup a non-zero byte of
                 the word, so sparse words cost a few lookups), or gate by gate where the weight
@@ -21,38 +22,32 @@ dropped norms agree with the tiled engine's (tests/pauliprop/propagation/test_na
 
 The buffers are numpy arrays the caller grows (no program depends on a capacity): a rotation whose
 appended words would not fit returns the slots it needs before writing anything, and the caller
-resumes at that rotation in larger buffers. The loop over units is Python's (`run`): each unit's
-function is compiled on its own, once per coefficient dtype, and cached on disk (numba's cache, under
-pauliprop's cache directory: `configure_cache`). From THREAD_MIN live words a unit's rotations run on
-several threads (PAULIPROP_NATIVE_THREADS, default every core the process may use): each rotation's
-turning lists by ranges of buckets, then its bucket pairs by ranges of pairs.
+resumes at that rotation in larger buffers. The loop over units is Python's (`run`), each unit one
+call of a C function through ctypes (a few microseconds; the GIL is released while it runs), once
+per coefficient type (float64, float32). From THREAD_MIN live words a unit's rotations run on several
+threads in one call (OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the
+process may use): each rotation's turning lists by ranges of buckets, then its bucket pairs by ranges of
+pairs, a barrier between.
+
+Importing this module fails (ImportError) where the C library was not built (no C compiler at install:
+setup.py builds it as optional); propagate.native_engine then runs CPUs' concrete calls on XLA's engines.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-import numba
 import numpy as np
-from numba import njit
 
 from ..algebra.clifford import CHUNK, popcount
-from ..runtime import compilation, memory
+from ..runtime import memory
+from . import _native  # the C library, built at install (setup.py); ImportError where it was not
 from . import schedule
 from .truncation import OFF  # a weight or sine limit that never binds
-
-# numba's on-disk cache of these functions: under pauliprop's cache directory, so that one directory holds
-# every compiled program of pauliprop (empty it for a cold start), unless NUMBA_CACHE_DIR says otherwise; off
-# with PAULIPROP_NO_CACHE, unless NUMBA_CACHE_DIR names a folder. numba reads its CACHE_DIR when a function is
-# decorated: it is set for this module's decorators only and restored at the end of the module.
-CACHE = not compilation.disabled() or bool(os.environ.get("NUMBA_CACHE_DIR"))
-_USERS_CACHE_DIR = numba.config.CACHE_DIR
-if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(compilation.cache_directory() / "numba")
 
 
 def slot_bytes(lanes: int, coeff_bytes: int) -> int:
@@ -264,8 +259,8 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
         elif kind in (schedule.U_SPLIT, schedule.U_LAYER):
             parts = min(threads(), len(ws.count) // 2) if ws.n >= THREAD_MIN else 1
             if parts > 1:
-                r, need, peak = _rotations_side_by_side(parts, start + step, start + count, cos, sin, t.rot_gens, ws,
-                                                        hashes, w, lw, lc, ls, dropped, peak)
+                r, need, peak = _rotations_threads(parts, start + step, start + count, cos, sin, t.rot_gens, ws,
+                                                   hashes, w, lw, lc, ls, dropped, peak)
             else:
                 r, need, peak = _rotations(start + step, start + count, cos, sin, t.rot_gens, ws.words, ws.coeffs,
                                            ws.sins, ws.gone, ws.holes, ws.partner, ws.turning, ws.table, ws.count,
@@ -293,482 +288,136 @@ def _follow(clifford: tuple, hashes: np.ndarray, k: int, w: int, dtype) -> None:
     hashes[:k, :w], hashes[:k, w:] = rows[:, w:], rows[:, :w]
 
 
-# ---- word kernels ---------------------------------------------------------------------------------------
+# ---- the C loops (_native.c) ----------------------------------------------------------------------------
 
-@njit(inline="always")
-def _pop(v):
-    """Set bits of a value below 2^32 (int64)."""
-    v = v - ((v >> 1) & 0x55555555)
-    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
-    v = (v + (v >> 4)) & 0x0F0F0F0F
-    return ((v * 0x01010101) >> 24) & 0xFF
+_LIB = ctypes.CDLL(_native.__file__)
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 
-@njit(inline="always")
-def _weight(words, i, w):
-    t = 0
-    for l in range(w):
-        t += _pop(np.int64(words[i, l]) | np.int64(words[i, w + l]))
-    return t
+def _declare(name: str, restype, *argtypes):
+    f = getattr(_LIB, name)
+    f.restype, f.argtypes = restype, argtypes
+    return f
 
 
-@njit(inline="always")
-def _anticommutes(words, i, gens, g, w):
-    par = 0
-    for l in range(w):
-        par ^= (np.int64(words[i, l]) & np.int64(gens[g, w + l])) ^ (np.int64(words[i, w + l]) & np.int64(gens[g, l]))
-    return _pop(par) & 1
+_count_buckets_c = _declare("count_buckets", None, _P, _P, _I, _I, _P, _I, _P, _I)
 
 
-@njit(inline="always")
-def _product_sign(words, i, gens, g, w):
-    """s with i G P = s (P xor G) for anticommuting P (row i) and G (words.product_sign)."""
-    e = 0
-    for l in range(w):
-        x, z = np.int64(words[i, l]), np.int64(words[i, w + l])
-        gx, gz = np.int64(gens[g, l]), np.int64(gens[g, w + l])
-        e += _pop(gx & gz) + _pop(x & z) - _pop((x ^ gx) & (z ^ gz)) + 2 * _pop(gz & x)
-    return 1.0 if ((e + 1) & 3) == 0 else -1.0
+class _Kernels(NamedTuple):
+    """The units of one coefficient type (_native_kernels.h)."""
+
+    clifford_unit: object
+    rules_unit: object
+    channel_unit: object
+    rotations: object
+    rotations_threads: object
+    rebucket: object
+    value: object
 
 
-@njit(inline="always")
-def _bucket_of(words, i, hashes, k, w):
-    """The bucket of row i: bit r is the parity of the word against hash row r."""
-    b = 0
-    for r in range(k):
-        par = 0
-        for l in range(2 * w):
-            par ^= np.int64(words[i, l]) & np.int64(hashes[r, l])
-        b |= (_pop(par) & 1) << r
-    return b
+def _kernels_of(suffix: str) -> _Kernels:
+    return _Kernels(
+        _declare(f"clifford_unit_{suffix}", None, *[_I] * 3, *[_P] * 9, *[_P] * 6, _I, _I, _I, _I, _I, _I, _P),
+        _declare(f"rules_unit_{suffix}", None, *[_P] * 6, _I, _I, _I, _I, _D, _I, _P),
+        _declare(f"channel_unit_{suffix}", None, _I, _I, *[_P] * 8, _I, _I, _I, _I, _D, _I, _P),
+        _declare(f"rotations_{suffix}", None, _I, _I, *[_P] * 12, _I, _I, _P, _P, _I, _I, _D, _I, _P, _I, _P),
+        _declare(f"rotations_threads_{suffix}", None, _I, _I, _I, *[_P] * 11, _I, _P, _I, _I, _P, _P, _I, _I, _D, _I, _P,
+                 _I, _P),
+        _declare(f"rebucket_{suffix}", None, *[_P] * 4, _I, _I, *[_P] * 4, _I, _P, _I, _I),
+        _declare(f"value_{suffix}", _D, *[_P] * 3, _I, _I, _P, _I))
 
 
-@njit(inline="always")
-def _violates(c, weight, sins, max_weight, min_abs, max_sins):
-    """The rule that drops a term: 0 weight, 1 coefficient, 2 sines (a term is charged to its first),
-    -1 none (truncation.violations)."""
-    if weight > max_weight:
-        return 0
-    if abs(c) < min_abs:
-        return 1
-    if sins > max_sins:
-        return 2
-    return -1
+_KERNELS = {np.dtype(np.float64): _kernels_of("f64"), np.dtype(np.float32): _kernels_of("f32")}
 
 
-@njit(inline="always")
-def _hash(words, i, gens, g, flip, w):
-    """Hash of the canonical member of the pair of word i under G (XOR G when `flip`)."""
-    h = np.uint64(0x632BE59BD9B4E019)
-    for l in range(2 * w):
-        v = np.uint64(words[i, l])
-        if flip:
-            v ^= np.uint64(gens[g, l])
-        h = (h ^ v) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(29)
-    return np.int64(h >> np.uint64(1))
+def _kernels(coeffs: np.ndarray) -> _Kernels:
+    try:
+        return _KERNELS[coeffs.dtype]
+    except KeyError:
+        raise TypeError(f"the native engine's coefficients are float64 or float32, not {coeffs.dtype}") from None
 
 
-@njit(inline="always")
-def _same_canonical(words, i, fi, j, fj, gens, g, w):
-    for l in range(2 * w):
-        a, b = np.int64(words[i, l]), np.int64(words[j, l])
-        if fi:
-            a ^= np.int64(gens[g, l])
-        if fj:
-            b ^= np.int64(gens[g, l])
-        if a != b:
-            return False
-    return True
+def _at(a: np.ndarray, dtype) -> int:
+    """The address of a C-ordered array of `dtype` (the C loops index it as such: anything else is refused,
+    never read as something it is not)."""
+    if a.dtype != dtype or not a.flags.c_contiguous:
+        raise TypeError(f"the native engine takes C-ordered {np.dtype(dtype)} arrays here, not "
+                        f"{'C-ordered' if a.flags.c_contiguous else 'strided'} {a.dtype}")
+    return a.ctypes.data
 
 
-@njit(inline="always")
-def _fill_bucket(words, coeffs, sins, gone, holes, base, count, h):
-    """Remove the h words listed in holes[base:base + h] (marked in gone) from the bucket's live words
-    [base, base + count): the staying words from m = base + count - h on fill the holes below m; clears
-    their gone flags. Returns the bucket's new count."""
-    m = base + count - h
-    src = m
-    for k in range(base, base + h):
-        d = holes[k]
-        if d >= m:
-            continue
-        while gone[src]:
-            src += 1
-        for l in range(words.shape[1]):
-            words[d, l] = words[src, l]
-        coeffs[d] = coeffs[src]
-        sins[d] = sins[src]
-        src += 1
-    for k in range(base, base + h):
-        gone[holes[k]] = 0
-    return count - h
+_U32, _I64, _I32, _U8, _F64 = (np.dtype(t) for t in (np.uint32, np.int64, np.int32, np.uint8, np.float64))
 
 
-@njit(inline="always")
-def _drop(gone, holes, at, i, dropped, rule, c):
-    """Mark slot i gone, listed at holes[at]; its 1-norm charged to `rule`."""
-    gone[i] = 1
-    holes[at] = i
-    dropped[rule] += abs(c)
+def _slots(words, coeffs, sins, gone, holes):
+    """The addresses of a workspace's per-slot arrays, their types checked."""
+    return (_at(words, _U32), _at(coeffs, coeffs.dtype), _at(sins, _I32), _at(gone, _U8), _at(holes, _I32))
 
 
-@njit(inline="always")
-def _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
-                   map_te, words, i, w, rx, rz, weight_each, max_weight):
-    """Row i through a Clifford run: its image written in place. Returns (sign flipped, dropped by the
-    weight rule after a gate (weight_each; the row is then left midway))."""
-    negate = False
-    if dense:
-        e = 0
-        cross = 0
-        for l in range(w):
-            rx[l] = 0
-            rz[l] = 0
-            e += _pop(np.int64(words[i, l]) & np.int64(words[i, w + l]))
-        for lane in range(2 * w):
-            v = np.int64(words[i, lane])
-            byte_at = 0
-            while v != 0:
-                b = v & 0xFF
-                if b != 0:
-                    c = 4 * lane + byte_at
-                    for l in range(w):
-                        ix = np.int64(map_tx[start, c, b, l])
-                        cross ^= rz[l] & ix
-                        rx[l] ^= ix
-                        rz[l] ^= np.int64(map_tz[start, c, b, l])
-                    e += map_te[start, c, b]
-                v >>= 8
-                byte_at += 1
-        y = 0
-        for l in range(w):
-            y += _pop(rx[l] & rz[l])
-            words[i, l] = rx[l]
-            words[i, w + l] = rz[l]
-        return ((e + 2 * _pop(cross) - y) & 3) != 0, False
-    for j in range(start, start + count):
-        if cl_kind[j] == schedule.TABLE:
-            a, b = cl_qubits[j, 0], cl_qubits[j, 1]
-            la, sa, lb, sb = a // 32, a % 32, b // 32, b % 32
-            xa, za = (np.int64(words[i, la]) >> sa) & 1, (np.int64(words[i, w + la]) >> sa) & 1
-            xb, zb = (np.int64(words[i, lb]) >> sb) & 1, (np.int64(words[i, w + lb]) >> sb) & 1
-            code = xa | za << 1 | xb << 2 | zb << 3
-            if code == 0:
-                continue
-            img = cl_table[j, code]
-            # clear then set the bits of qubits a and b (for a one-qubit gate a == b: its diagonal code)
-            words[i, la] = (np.int64(words[i, la]) & ~(np.int64(1) << sa)) | ((img & 1) << sa)
-            words[i, w + la] = (np.int64(words[i, w + la]) & ~(np.int64(1) << sa)) | (((img >> 1) & 1) << sa)
-            words[i, lb] = (np.int64(words[i, lb]) & ~(np.int64(1) << sb)) | (((img >> 2) & 1) << sb)
-            words[i, w + lb] = (np.int64(words[i, w + lb]) & ~(np.int64(1) << sb)) | (((img >> 3) & 1) << sb)
-            if cl_sign[j, code] < 0:
-                negate = not negate
-        else:  # a quarter turn of a generator on three or more qubits
-            k = cl_turns[j] % 4
-            if k == 0 or not _anticommutes(words, i, cl_gens, j, w):
-                continue
-            if k == 2:
-                negate = not negate
-            else:
-                s = _product_sign(words, i, cl_gens, j, w)
-                if k == 3:
-                    s = -s
-                for l in range(2 * w):
-                    words[i, l] = np.int64(words[i, l]) ^ np.int64(cl_gens[j, l])
-                if s < 0:
-                    negate = not negate
-        if weight_each and _weight(words, i, w) > max_weight:
-            return negate, True
-    return negate, False
+def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
+                   map_te, words, coeffs, sins, gone, holes, bucket_count, w, weight_each, end_weight, max_weight,
+                   dropped):
+    """A Clifford run on every word, then the weight rule (after each gate when weight_each, else at the run's
+    end when end_weight)."""
+    _kernels(coeffs).clifford_unit(
+        dense, start, count, _at(cl_kind, _I64), _at(cl_qubits, _I64), _at(cl_table, _I64), _at(cl_sign, _I64),
+        _at(cl_gens, _U32), _at(cl_turns, _I64), _at(map_tx, _U32), _at(map_tz, _U32), _at(map_te, _I32),
+        *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64), len(bucket_count), len(words), w,
+        weight_each, end_weight, max_weight, _at(dropped, _F64))
 
 
-# ---- units ----------------------------------------------------------------------------------------------
-
-@njit(cache=CACHE, nogil=True)
-def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
-                   map_tx, map_tz, map_te, words, coeffs, sins, gone, holes, bucket_count, w,
-                   weight_each, end_weight, max_weight, dropped):
-    """A Clifford run on every word, then the weight rule (after each gate when weight_each, else at the
-    run's end when end_weight)."""
-    cap = words.shape[0] // bucket_count.shape[0]
-    rx = np.zeros(w, np.int64)
-    rz = np.zeros(w, np.int64)
-    for bucket in range(bucket_count.shape[0]):
-        base = bucket * cap
-        h = 0
-        for i in range(base, base + bucket_count[bucket]):
-            negate, dead = _clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens,
-                                          cl_turns, map_tx, map_tz, map_te, words, i, w, rx, rz, weight_each,
-                                          max_weight)
-            if negate:
-                coeffs[i] = -coeffs[i]
-            if dead or (end_weight and _weight(words, i, w) > max_weight):
-                _drop(gone, holes, base + h, i, dropped, 0, coeffs[i])
-                h += 1
-        if h > 0:
-            bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
-
-
-@njit(cache=CACHE, nogil=True)
 def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped):
     """The rules on every word (the end of a deferred step)."""
-    cap = words.shape[0] // bucket_count.shape[0]
-    for bucket in range(bucket_count.shape[0]):
-        base = bucket * cap
-        h = 0
-        for i in range(base, base + bucket_count[bucket]):
-            rule = _violates(coeffs[i], _weight(words, i, w), sins[i], max_weight, min_abs, max_sins)
-            if rule >= 0:
-                _drop(gone, holes, base + h, i, dropped, rule, coeffs[i])
-                h += 1
-        if h > 0:
-            bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
+    _kernels(coeffs).rules_unit(*_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
+                                len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
 
 
-@njit(cache=CACHE, nogil=True)
-def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w,
-                  max_weight, min_abs, max_sins, dropped):
-    """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient
-    rule: the factors are at most 1 in size; per layer all of them)."""
-    cap = words.shape[0] // bucket_count.shape[0]
-    for bucket in range(bucket_count.shape[0]):
-        base = bucket * cap
-        h = 0
-        for i in range(base, base + bucket_count[bucket]):
-            c = coeffs[i]
-            for j in range(start, start + count):
-                q = ch_qubit[j]
-                code = (((np.int64(words[i, q // 32]) >> (q % 32)) & 1)
-                        | (((np.int64(words[i, w + q // 32]) >> (q % 32)) & 1) << 1))
-                c *= ch_factor[j, code]
-            coeffs[i] = c
-            rule = _violates(c, _weight(words, i, w), sins[i], max_weight, min_abs, max_sins)
-            if rule >= 0:
-                _drop(gone, holes, base + h, i, dropped, rule, c)
-                h += 1
-        if h > 0:
-            bucket_count[bucket] = _fill_bucket(words, coeffs, sins, gone, holes, base, bucket_count[bucket], h)
+def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w, max_weight,
+                  min_abs, max_sins, dropped):
+    """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient rule:
+    the factors are at most 1 in size; per layer all of them)."""
+    _kernels(coeffs).channel_unit(start, count, _at(ch_qubit, _I64), _at(ch_factor, _F64),
+                                  *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
+                                  len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
 
 
-@njit(inline="always")
-def _bits(buckets):
-    """k of 2^k buckets."""
-    k = 0
-    while (1 << k) < buckets:
-        k += 1
-    return k
-
-
-@njit(cache=CACHE, nogil=True)
-def _turning(g, part, parts, gens, words, bucket_count, turning, turning_count, w):
-    """A rotation by G, first step, on part `part` of `parts` of the buckets (a contiguous range): each bucket's
-    words that anticommute with G listed in turning (per bucket), their number in turning_count."""
-    buckets = bucket_count.shape[0]
-    cap = words.shape[0] // buckets
-    for bucket in range(part * buckets // parts, (part + 1) * buckets // parts):
-        base, t = bucket * cap, 0
-        for i in range(base, base + bucket_count[bucket]):
-            if _anticommutes(words, i, gens, g, w):
-                turning[base + t] = i
-                t += 1
-        turning_count[bucket] = t
-
-
-@njit(cache=CACHE, nogil=True)
-def _need(g, gens, words, bucket_count, turning_count, hashes, w):
-    """0 where every bucket has room for its words and every turning word of its partner bucket (P xor G lies
-    in bucket b xor bucket_of(G): the functionals are linear), else the most slots a bucket needs (a bound,
-    known before anything is written)."""
-    buckets = bucket_count.shape[0]
-    cap = words.shape[0] // buckets
-    shift = _bucket_of(gens, g, hashes, _bits(buckets), w)
-    most = 0
-    for bucket in range(buckets):
-        need = bucket_count[bucket] + turning_count[bucket ^ shift]
-        if need > cap:
-            most = max(most, need)
-    return most
-
-
-@njit(cache=CACHE, nogil=True)
-def _pairs(g, cos, sin, part, parts, gens, words, coeffs, sins, gone, holes, partner, turning, table,
-           bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped):
-    """A rotation by G, second step (after _turning on every part and _need found room), on part `part` of
-    `parts` of the bucket pairs (a, a xor bucket_of(G)): P -> cos P + sin i G P for the turning words P, each
-    pair of buckets alone, its words in the cache. Parts touch disjoint buckets; each has its own table (4 cap
-    entries, -1: empty; left empty) and dropped."""
-    buckets = bucket_count.shape[0]
-    cap = words.shape[0] // buckets
-    shift = _bucket_of(gens, g, hashes, _bits(buckets), w)
-    top = _bits(shift + 1) - 1  # the top set bit of shift: a pair's lower bucket has it clear
-    pairs = buckets // 2 if shift else buckets
-    # the bit that tells a pair's two members apart: the lowest set bit of G
-    flip_lane, flip_bit = 0, np.int64(0)
-    for l in range(2 * w):
-        v = np.int64(gens[g, l])
-        if v != 0:
-            flip_lane, flip_bit = l, v & -v
-            break
-    for j in range(part * pairs // parts, (part + 1) * pairs // parts):
-        a = ((j >> top) << (top + 1)) | (j & ((1 << top) - 1)) if shift else j  # bit `top` of a is 0
-        b = a ^ shift
-        ta = turning_count[a]
-        tb = turning_count[b] if b != a else 0
-        t = ta + tb
-        if t == 0:
-            continue
-        size = 2
-        while size < 2 * t:  # a table of at least twice the turning words
-            size <<= 1
-        mask = size - 1
-        base_a, base_b = a * cap, b * cap
-        ha, hb = 0, 0
-        # pair the turning words through the table; a pair mixes when its second member finds the first,
-        # whose words are then in the cache: P -> cos P + sin s Q, Q -> cos Q - sin s P
-        for kk in range(t):
-            i = turning[base_a + kk] if kk < ta else turning[base_b + kk - ta]
-            fi = (np.int64(words[i, flip_lane]) & flip_bit) != 0
-            hv = _hash(words, i, gens, g, fi, w)
-            slot = hv & mask
-            tag = (hv >> 40) & 0x7FFFFF  # 23 bits of the hash beside the slot: most mismatches read no word
-            partner[i] = -1
-            while True:
-                entry = table[slot]
-                if entry < 0:
-                    table[slot] = (tag << 32) | i
-                    break
-                if (entry >> 32) == tag:
-                    j = entry & 0xFFFFFFFF
-                    fj = (np.int64(words[j, flip_lane]) & flip_bit) != 0
-                    if _same_canonical(words, i, fi, j, fj, gens, g, w):
-                        partner[i] = j
-                        partner[j] = i
-                        sign = _product_sign(words, j, gens, g, w)
-                        c, s, cq, sq = coeffs[j], sins[j], coeffs[i], sins[i]
-                        mine, theirs = cos * c - sin * sign * cq, cos * cq + sin * sign * c
-                        my_sins, their_sins = min(s, sq + 1), min(sq, s + 1)
-                        coeffs[j], sins[j] = mine, my_sins
-                        coeffs[i], sins[i] = theirs, their_sins
-                        rule = _violates(mine, _weight(words, j, w), my_sins, max_weight, min_abs, max_sins)
-                        if rule >= 0:
-                            if j < base_b or a == b:
-                                _drop(gone, holes, base_a + ha, j, dropped, rule, mine)
-                                ha += 1
-                            else:
-                                _drop(gone, holes, base_b + hb, j, dropped, rule, mine)
-                                hb += 1
-                        rule = _violates(theirs, _weight(words, i, w), their_sins, max_weight, min_abs, max_sins)
-                        if rule >= 0:
-                            if kk < ta:
-                                _drop(gone, holes, base_a + ha, i, dropped, rule, theirs)
-                                ha += 1
-                            else:
-                                _drop(gone, holes, base_b + hb, i, dropped, rule, theirs)
-                                hb += 1
-                        break
-                slot = (slot + 1) & mask
-        for kk in range(size):
-            table[kk] = -1
-        # the words left alone keep cos of their coefficients; their partners are appended to the other
-        # bucket with sin s of them
-        add_a, add_b = 0, 0
-        for kk in range(t):
-            in_a = kk < ta
-            i = turning[base_a + kk] if in_a else turning[base_b + kk - ta]
-            if partner[i] >= 0:
-                continue
-            c, s = coeffs[i], sins[i]
-            sign = _product_sign(words, i, gens, g, w)
-            mine, spawn = cos * c, sin * sign * c
-            coeffs[i] = mine
-            rule = _violates(mine, _weight(words, i, w), s, max_weight, min_abs, max_sins)
-            if rule >= 0:
-                if in_a:
-                    _drop(gone, holes, base_a + ha, i, dropped, rule, mine)
-                    ha += 1
-                else:
-                    _drop(gone, holes, base_b + hb, i, dropped, rule, mine)
-                    hb += 1
-            into_b = in_a and a != b
-            d = base_b + bucket_count[b] + add_b if into_b else base_a + bucket_count[a] + add_a
-            for l in range(2 * w):
-                words[d, l] = np.int64(words[i, l]) ^ np.int64(gens[g, l])
-            rule = _violates(spawn, _weight(words, d, w), s + 1, max_weight, min_abs, max_sins)
-            if rule >= 0:
-                dropped[rule] += abs(spawn)
-            else:
-                coeffs[d], sins[d] = spawn, s + 1
-                if into_b:
-                    add_b += 1
-                else:
-                    add_a += 1
-        bucket_count[a] = _fill_bucket(words, coeffs, sins, gone, holes, base_a, bucket_count[a] + add_a, ha)
-        if b != a:
-            bucket_count[b] = _fill_bucket(words, coeffs, sins, gone, holes, base_b, bucket_count[b] + add_b, hb)
-
-
-@njit(cache=CACHE, nogil=True)
 def _rotations(first, end, rot_cos, rot_sin, gens, words, coeffs, sins, gone, holes, partner, turning, table,
                bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped, peak):
-    """The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every
-    word. Returns (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing
-    of that rotation written), the most live words after any rotation (at least peak))."""
-    for g in range(first, end):
-        _turning(g, 0, 1, gens, words, bucket_count, turning, turning_count, w)
-        need = _need(g, gens, words, bucket_count, turning_count, hashes, w)
-        if need > 0:
-            return g, need, peak
-        _pairs(g, rot_cos[g], rot_sin[g], 0, 1, gens, words, coeffs, sins, gone, holes, partner, turning, table,
-               bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped)
-        peak = max(peak, bucket_count.sum())
-    return end, 0, peak
+    """The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word.
+    Returns (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing of that
+    rotation written), the most live words after any rotation (at least peak))."""
+    out = np.zeros(3, np.int64)
+    _kernels(coeffs).rotations(first, end, _at(rot_cos, coeffs.dtype), _at(rot_sin, coeffs.dtype), _at(gens, _U32),
+                               *_slots(words, coeffs, sins, gone, holes), _at(partner, _I32), _at(turning, _I32),
+                               _at(table, _I64), _at(bucket_count, _I64), len(bucket_count), len(words),
+                               _at(turning_count, _I64), _at(hashes, _U32), w, max_weight, min_abs, max_sins,
+                               _at(dropped, _F64), peak, out.ctypes.data)
+    return int(out[0]), int(out[1]), int(out[2])
 
 
-@njit(cache=CACHE, nogil=True)
 def _count_buckets(words, bucket_count, cap, hashes, k, out):
     """out[b]: the live words (in buckets of `cap` slots) that fall in bucket b of 2^k by the hashes."""
-    w = words.shape[1] // 2
-    for bucket in range(bucket_count.shape[0]):
-        for i in range(bucket * cap, bucket * cap + bucket_count[bucket]):
-            out[_bucket_of(words, i, hashes, k, w)] += 1
+    _count_buckets_c(_at(words, _U32), _at(bucket_count, _I64), len(bucket_count), cap, _at(hashes, _U32), k,
+                     _at(out, _I64), words.shape[1] // 2)
 
 
-@njit(cache=CACHE, nogil=True)
 def _rebucket(words, coeffs, sins, bucket_count, cap, new_words, new_coeffs, new_sins, new_count, new_cap, hashes, k):
     """The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts)."""
-    w = words.shape[1] // 2
-    for bucket in range(bucket_count.shape[0]):
-        for i in range(bucket * cap, bucket * cap + bucket_count[bucket]):
-            b = _bucket_of(words, i, hashes, k, w)
-            d = b * new_cap + new_count[b]
-            new_count[b] += 1
-            for l in range(2 * w):
-                new_words[d, l] = words[i, l]
-            new_coeffs[d] = coeffs[i]
-            new_sins[d] = sins[i]
+    if new_coeffs.dtype != coeffs.dtype:
+        raise TypeError(f"relaying out {coeffs.dtype} coefficients into {new_coeffs.dtype} ones")
+    _kernels(coeffs).rebucket(_at(words, _U32), _at(coeffs, coeffs.dtype), _at(sins, _I32), _at(bucket_count, _I64),
+                              len(bucket_count), cap, _at(new_words, _U32), _at(new_coeffs, coeffs.dtype),
+                              _at(new_sins, _I32), _at(new_count, _I64), new_cap, _at(hashes, _U32), k,
+                              words.shape[1] // 2)
 
 
-@njit(cache=CACHE, nogil=True)
-def value(words, coeffs, bucket_count, table):
-    """sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors)."""
-    w = words.shape[1] // 2
-    cap = words.shape[0] // bucket_count.shape[0]
-    total = 0.0
-    for bucket in range(bucket_count.shape[0]):
-        for i in range(bucket * cap, bucket * cap + bucket_count[bucket]):
-            ov = 1.0
-            for l in range(w):
-                x, z = np.int64(words[i, l]), np.int64(words[i, w + l])
-                sites = x | z
-                while sites != 0 and ov != 0.0:
-                    low = sites & -sites
-                    q = 32 * l + _pop(low - 1)
-                    code = (1 if (x & low) != 0 else 0) | (2 if (z & low) != 0 else 0)
-                    ov *= table[q, code]
-                    sites ^= low
-            total += coeffs[i] * ov
-    return total
+def value(words, coeffs, bucket_count, table) -> float:
+    """sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors: (32 W, 4))."""
+    table = np.ascontiguousarray(table, np.float64)
+    if table.shape != (16 * words.shape[1], 4):
+        raise ValueError(f"an overlap table of {table.shape} for words of {words.shape[1] // 2} lanes")
+    return _kernels(coeffs).value(_at(words, _U32), _at(coeffs, coeffs.dtype), _at(bucket_count, _I64),
+                                  len(bucket_count), len(words), _at(table, _F64), words.shape[1] // 2)
 
 
 def live_terms(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
@@ -782,63 +431,38 @@ def live_terms(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
 # ---- threads -------------------------------------------------------------------------------------------------
 
 THREADS = "PAULIPROP_NATIVE_THREADS"  # environment: the threads a run's rotations use (default: every core it may use)
-THREAD_MIN = 1 << 17  # live words from which a unit's rotations run on several threads (below, a rotation's work
-#                       is too little for two thread hand-offs and five calls from Python, about 0.1 ms)
-_POOL: list = [None, 0]  # the threads' pool and its size (grown, never shrunk)
-_POOL_LOCK = threading.Lock()
+THREAD_MIN = 1 << 15  # live words from which a unit's rotations run on several threads (below, a rotation's work
+#                       is too little for the threads' two barriers)
+OPENMP = bool(_LIB.openmp())  # whether the library was built with OpenMP (else every rotation runs on one thread)
 
 
 def threads() -> int:
-    """The threads a run's rotations use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on."""
+    """The threads a run's rotations use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on; one
+    where the library was built without OpenMP."""
     given = os.environ.get(THREADS, "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
             raise ValueError(f"{THREADS}={given!r}: give the number of threads, a positive integer")
-        return int(given)
-    return memory.cores()
+        return int(given) if OPENMP else 1
+    return memory.cores() if OPENMP else 1
 
 
-def _side_by_side(parts: int, call) -> None:
-    """call(part) for every part: part 0 on this thread, the others on the pool's threads (the functions
-    release the GIL); returns once all are done."""
-    with _POOL_LOCK:
-        pool, size = _POOL
-        if pool is None or size < parts - 1:  # (a smaller one left as it is: a caller may still be submitting)
-            pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="pauliprop-native")
-            _POOL[:] = [pool, parts - 1]
-    futures = [pool.submit(call, p) for p in range(1, parts)]
-    try:
-        call(0)
-    finally:
-        for f in futures:
-            f.result()
-
-
-def _rotations_side_by_side(parts: int, first: int, end: int, cos: np.ndarray, sin: np.ndarray, gens: np.ndarray,
-                            ws: Workspace, hashes: np.ndarray, w: int, max_weight: int, min_abs: float,
-                            max_sins: int, dropped: np.ndarray, peak: int) -> tuple:
-    """_rotations on `parts` threads: each rotation's turning lists by ranges of buckets, then (where every
-    bucket has room) its bucket pairs by ranges of pairs, each thread with its own table and dropped. The
-    same values and terms as on one thread (a pair's arithmetic does not depend on who does it); the dropped
-    norms summed in another order."""
-    tables = [ws.table] + [np.full_like(ws.table, -1) for _ in range(1, parts)]
-    drops = np.zeros((parts, len(dropped)))
-    try:
-        for g in range(first, end):
-            _side_by_side(parts, lambda p: _turning(g, p, parts, gens, ws.words, ws.count, ws.turning,
-                                                    ws.turning_count, w))
-            need = _need(g, gens, ws.words, ws.count, ws.turning_count, hashes, w)
-            if need > 0:
-                return g, need, peak
-            c, s = cos[g], sin[g]
-            _side_by_side(parts, lambda p: _pairs(g, c, s, p, parts, gens, ws.words, ws.coeffs, ws.sins, ws.gone,
-                                                  ws.holes, ws.partner, ws.turning, tables[p], ws.count,
-                                                  ws.turning_count, hashes, w, max_weight, min_abs, max_sins,
-                                                  drops[p]))
-            peak = max(peak, int(ws.count.sum()))
-        return end, 0, peak
-    finally:
-        dropped += drops.sum(0)
-
-
-numba.config.CACHE_DIR = _USERS_CACHE_DIR
+def _rotations_threads(parts: int, first: int, end: int, cos: np.ndarray, sin: np.ndarray, gens: np.ndarray,
+                       ws: Workspace, hashes: np.ndarray, w: int, max_weight: int, min_abs: float, max_sins: int,
+                       dropped: np.ndarray, peak: int) -> tuple:
+    """_rotations on `parts` threads, in one call of the C loops: each rotation's turning lists by ranges of
+    buckets, then (where every bucket has room) its bucket pairs by ranges of pairs, each thread with its own
+    table and dropped norms. The same values and terms as on one thread (a pair's arithmetic does not depend on
+    who does it); the dropped norms summed in another order."""
+    tables = np.full((parts, len(ws.table)), -1, np.int64)
+    drops = np.zeros((parts, 3))  # each thread's norms dropped by the weight, coefficient and sine rules
+    out = np.zeros(3, np.int64)
+    c = ws.coeffs
+    _kernels(c).rotations_threads(
+        parts, first, end, _at(cos, c.dtype), _at(sin, c.dtype), _at(gens, _U32), *_slots(ws.words, c, ws.sins, ws.gone,
+                                                                                          ws.holes),
+        _at(ws.partner, _I32), _at(ws.turning, _I32), tables.ctypes.data, len(ws.table), _at(ws.count, _I64),
+        len(ws.count), len(ws.words), _at(ws.turning_count, _I64), _at(hashes, _U32), w, max_weight, min_abs, max_sins,
+        drops.ctypes.data, peak, out.ctypes.data)
+    dropped[:3] += drops.sum(0)
+    return int(out[0]), int(out[1]), int(out[2])

@@ -7,9 +7,10 @@ result is never silently lossy and never recomputed from the first gate. Inside 
 grad, vmap) the capacity is fixed: an overflow keeps the largest terms, is counted in the stats
 and warned about. Gradients come from the engine's own reverse mode (adjoint.py).
 
-On CPUs with numba installed, concrete calls that the tiled engine takes (small runs after their
-first try on the loop) run on the native engine instead (native.py, `_drive_native`; PAULIPROP_NATIVE=0 turns it off): the same units and truncation
-decisions, compiled by numba, in numpy buffers that grow without recompiling.
+On CPUs, concrete calls that the tiled engine takes run on the native engine instead (native.py and its C
+loops, built at install; `_drive_native`; PAULIPROP_NATIVE=0 turns it off): the same units and truncation
+decisions, compiled ahead of time, in numpy buffers that grow without recompiling. Where the C library was
+not built, they run on the tiled engine, small runs first on the loop.
 
 Programs are shared: the compiled loop depends on the capacity, the lanes, the rules that exist,
 the truncation semantics and the bucketed lengths of the tables, not on the gates; params may be a
@@ -556,8 +557,8 @@ def tiled_supported(circuit: Circuit, truncation: Truncation, params, capacity) 
     return not any(ins.gate.name == "amplitude_damp" for ins in circuit.instructions)
 
 
-# CPUs: a run that can never hold more words than this (terms_bound: 8 qubits, or few rotations) tries the loop
-# engine (engine.py) first, in a buffer of at most FAST_COMPILE_CAPACITY slots, compiled fast; only a run that
+# CPUs without the native engine: a run that can never hold more words than this (terms_bound: 8 qubits, or few
+# rotations) tries the loop engine (engine.py) first, in a buffer of at most FAST_COMPILE_CAPACITY slots, compiled fast; only a run that
 # outgrows it goes on to the tiled engine (from the start). 2-core CPU, 2026-11-28, a fresh process's first call:
 # 4 qubits, 15 gates 1.0-1.1 s on the loop against 1.5 s on the tiled engine (warm 7 against 24 ms); 8 qubits, 40
 # gates (521 terms at most) 1.1-1.3 s against 2.9-3.3 s (the tiled program, 65,536 slots, compiles slowly).
@@ -593,9 +594,10 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
                     and not initial_capacity and native_engine() is not None
                     and tiled_supported(circuit, truncation, None, capacity))
     if native_batch or tiled_supported(circuit, truncation, params, capacity):
-        # small runs first on the loop, whose first call compiles in about a second (the native engine's numba
-        # code, where its cache is empty, in 20-40 s: experiments/results/first_call_cpu_2026-11-29_native.json)
-        small = None if initial_capacity else small_run_capacity(circuit, obs, truncation)
+        # without the native engine, small runs first on the loop, whose first call compiles in about a second
+        # (the tiled engine's programs take longer); the native engine compiles nothing
+        small = None if initial_capacity or native_engine() is not None else small_run_capacity(circuit, obs,
+                                                                                                  truncation)
         run = small and _drive(circuit, obs, params, truncation, None, FAST_COMPILE_CAPACITY, small, table,
                                outgrow=False)
         if not run:
@@ -785,22 +787,22 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
     return val, stats, out
 
 
-# ---- the CPU engine compiled by numba (native.py, the `native` extra) -------------------------------------------
+# ---- the native CPU engine (native.py, its C loops built at install) -------------------------------------------
 
-NATIVE = "PAULIPROP_NATIVE"  # set to 0 to run CPUs' concrete calls on the tiled engine although numba is installed
+NATIVE = "PAULIPROP_NATIVE"  # set to 0 to run CPUs' concrete calls on the tiled engine although the C library is built
 
 
 @functools.cache
 def _native_module():
     try:
         from . import native
-    except ImportError:  # numba is not installed
+    except ImportError:  # its C library was not built (no C compiler at install)
         return None
     return native
 
 
 def native_engine():
-    """native.py where a concrete call runs on it (CPUs, numba installed, PAULIPROP_NATIVE not 0), else None."""
+    """native.py where a concrete call runs on it (CPUs, its C library built, PAULIPROP_NATIVE not 0), else None."""
     if jax.default_backend() != "cpu" or os.environ.get(NATIVE, "1") == "0":
         return None
     return _native_module()

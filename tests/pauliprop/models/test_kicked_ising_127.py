@@ -109,7 +109,7 @@ def test_five_step_magnetization_at_pi_4_matches_the_exact_value():
 
     min_abs_coeff 1e-5 keeps about 1.5e6 terms; the exact value is exact.csv's column 4a (kept in
     pauliprop.models.kicked_ising_127 with its source). Called as a user calls it (no capacity): on CPUs the
-    native engine where numba is installed (about a minute on 2 busy cores), else the tiled engine.
+    native engine where its C library is built (seconds), else the tiled engine.
     """
     circuit = M.kicked_ising(5, math.pi / 4)
     val, stats = pp.expectation(circuit, M.magnetization(), truncation=pp.Truncation(min_abs_coeff=1e-5),

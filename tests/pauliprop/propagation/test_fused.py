@@ -28,7 +28,7 @@ def kernels(monkeypatch):
     monkeypatch.setitem(prop.FUSED, "cpu", "interpret")
     monkeypatch.setitem(prop.TILE, "cpu", 256)
     monkeypatch.setattr(prop, "SMALL_RUN_BOUND", {})  # small circuits too on the tiled engine
-    monkeypatch.setenv(prop.NATIVE, "0")  # not the native engine (numba), which CPUs' runs take where installed
+    monkeypatch.setenv(prop.NATIVE, "0")  # not the native engine, which CPUs' runs take where its C library is built
     monkeypatch.setattr(fused, "BLOCK", 64)
     return monkeypatch
 

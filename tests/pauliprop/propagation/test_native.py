@@ -1,4 +1,4 @@
-"""The CPU engine compiled by numba (pauliprop/propagation/native.py, the `native` extra).
+"""The native CPU engine (pauliprop/propagation/native.py and its C loops, _native.c).
 
 Properties: untruncated it equals the state vector; truncated it is the tiled engine's estimator to the
 last term (value, live terms after every row, dropped 1-norm per rule), with noise channels and
@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("numba", reason="the native engine needs numba (pip install 'pauliprop[native]')")
+pytest.importorskip("pauliprop.propagation._native", reason="the native engine's C library was not built (no C "
+                    "compiler when the package was installed)")
 
 import pauliprop as pp  # noqa: E402
 from pauliprop.algebra import clifford  # noqa: E402
@@ -137,9 +138,11 @@ def test_buckets_that_start_small_grow_with_the_same_answer(monkeypatch):
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
-    """A unit's rotations on several threads (ranges of buckets, then of bucket pairs, each thread with its
-    own table and dropped norms): the one-thread run's value, live terms after every row and dropped norms
+    """A unit's rotations on several threads (OpenMP: ranges of buckets, then of bucket pairs, each thread with
+    its own table and dropped norms): the one-thread run's value, live terms after every row and dropped norms
     (to rounding: sums in another order), with buckets relaid out as the words grow."""
+    if not native.OPENMP:
+        pytest.skip("the native engine's C library was built without OpenMP: its rotations run on one thread")
     rng = np.random.default_rng(41)
     c, k = _layered(10, 3, rng)
     h = pp.PauliSum.from_labels({"ZZIIIIIIII": 1.0, "IXIIYIIIIZ": 0.5})
@@ -151,9 +154,8 @@ def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
     monkeypatch.setattr(native, "THREAD_MIN", 0)
     monkeypatch.setenv(native.THREADS, str(threads))
     called = []
-    side_by_side = native._rotations_side_by_side
-    monkeypatch.setattr(native, "_rotations_side_by_side", lambda parts, *a: called.append(parts) or
-                        side_by_side(parts, *a))
+    on_threads = native._rotations_threads
+    monkeypatch.setattr(native, "_rotations_threads", lambda parts, *a: called.append(parts) or on_threads(parts, *a))
     many = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
     assert int(many[1].max_terms_seen) > 1000 and threads in called
     _assert_same_run(many, one)
@@ -293,35 +295,67 @@ def test_off_by_environment(monkeypatch):
     assert os.environ[prop.NATIVE] == "1"
 
 
-CACHE_JOB = r"""
+FLOAT32_JOB = r"""
 import json
-import numba
+import numpy as np
 import pauliprop as pp
-from pauliprop.propagation import native, propagate
-propagate.SMALL_RUN_BOUND = {}  # this small circuit on the native engine, not first on the loop
-c = pp.Circuit(5).h(0).cx(0, 1).rx(2, pp.Param(0)).rzz(1, 2, 0.3).t(3).ry(3, pp.Param(1)).depolarize(4, 0.1)
-h = pp.PauliSum.from_labels({"ZZIIZ": 1.0, "IXIYI": 0.5})
-v = float(pp.expectation(c, h, params=[0.1, 0.2], truncation=pp.Truncation(min_abs_coeff=1e-3, per="layer")))
-compiled = {n: f.stats for n, f in vars(native).items() if isinstance(f, numba.core.registry.CPUDispatcher)}
-print(json.dumps({"value": v, "hits": {n: sum(s.cache_hits.values()) for n, s in compiled.items()},
-                  "misses": {n: sum(s.cache_misses.values()) for n, s in compiled.items()}}))
+from pauliprop.propagation import propagate
+propagate.SMALL_RUN_BOUND = {}  # this small circuit on the engine asked for, not first on the loop
+rng = np.random.default_rng(5)
+c = pp.Circuit(6)
+for layer in range(4):
+    for q in range(6):
+        c.rx(q, pp.Param(6 * layer + q)).rz(q, 0.3 * q)
+    for q in range(layer % 2, 5, 2):
+        c.cx(q, q + 1)
+    c.depolarize(layer, 0.05)
+h = pp.PauliSum.from_labels({"ZZIIIZ": 1.0, "IXIYII": 0.5})
+v, s = pp.expectation(c, h, params=rng.normal(size=24), truncation=pp.Truncation(min_abs_coeff=1e-3, max_weight=4),
+                      return_stats=True)
+print(json.dumps({"dtype": str(np.asarray(v).dtype), "value": float(v), "terms": np.asarray(s.terms).tolist(),
+                  "dropped": np.asarray(s.dropped_norm).tolist(), "engine": propagate.native_engine() is not None}))
 """
 
 
-def test_a_second_process_compiles_nothing(tmp_path):
-    """numba's compiled functions are kept under pauliprop's cache directory: the first process compiles
-    them, a second loads them all."""
+def _job(code: str, **env_extra) -> dict:
+    import json
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PAULIPROP_NO_CACHE", "NUMBA_CACHE_DIR")}
-    env.update(JAX_PLATFORMS="cpu", PAULIPROP_NATIVE="1", PAULIPROP_CACHE_DIR=str(tmp_path))
-    run = lambda: __import__("json").loads(subprocess.run(
-        [sys.executable, "-c", CACHE_JOB], capture_output=True, text=True, env=env, timeout=600,
-        check=True).stdout.strip().splitlines()[-1])
-    first = run()
-    assert any(first["misses"].values()) and not any(first["hits"].values()), first
-    assert any((tmp_path / "numba").rglob("*.nbi"))
-    second = run()
-    assert not any(second["misses"].values()) and any(second["hits"].values()), second
-    assert second["value"] == first["value"]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    env.update(JAX_PLATFORMS="cpu", **env_extra)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_float32_coefficients_are_the_tiled_engines_estimator():
+    """Without jax_enable_x64 the coefficients are float32 (the C loops' second type): the tiled engine's
+    float32 run, term for term, its value and dropped norms to float32 rounding."""
+    mine, tiled = _job(FLOAT32_JOB, PAULIPROP_NATIVE="1"), _job(FLOAT32_JOB, PAULIPROP_NATIVE="0")
+    assert mine["engine"] and not tiled["engine"] and mine["dtype"] == tiled["dtype"] == "float32"
+    assert mine["terms"] == tiled["terms"]
+    np.testing.assert_allclose(mine["value"], tiled["value"], atol=1e-5)
+    np.testing.assert_allclose(mine["dropped"], tiled["dropped"], atol=1e-5)
+
+
+def test_without_the_c_library_cpus_run_the_tiled_engine():
+    """Where the C library was not built (no compiler at install), importing native fails and a CPU's
+    concrete calls run on XLA's engines, with the same answer."""
+    job = "import sys; sys.modules['pauliprop.propagation._native'] = None\n" + FLOAT32_JOB
+    without = _job(job, PAULIPROP_NATIVE="1")
+    assert not without["engine"]
+    assert without["terms"] == _job(FLOAT32_JOB, PAULIPROP_NATIVE="0")["terms"]
+
+
+def test_arrays_of_another_type_are_refused():
+    """The C loops read each array as its documented type: anything else is a TypeError, never read as
+    something it is not."""
+    words, coeffs, count = np.zeros((4, 2), np.uint32), np.zeros(4), np.array([1], np.int64)
+    assert native.value(words, coeffs, count, np.ones((32, 4))) == 0.0
+    with pytest.raises(TypeError, match="uint32"):
+        native.value(words.astype(np.int64), coeffs, count, np.ones((32, 4)))
+    with pytest.raises(TypeError, match="float64 or float32"):
+        native.value(words, coeffs.astype(np.float16), count, np.ones((32, 4)))
+    with pytest.raises(TypeError, match="strided"):
+        native.value(words, np.zeros(8)[::2], count, np.ones((32, 4)))

@@ -638,7 +638,7 @@ def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_
     that compiles fast; one whose terms outgrow that buffer runs on the tiled engine, and later calls of
     that circuit and observable go there at once. Exact either way."""
     from pauliprop.propagation import propagate as PR
-    monkeypatch.setenv(PR.NATIVE, "0")  # XLA's engines (a CPU without numba)
+    monkeypatch.setenv(PR.NATIVE, "0")  # XLA's engines (a CPU without the native engine)
     calls = []
     drive_tiled, drive = PR._drive_tiled, PR._drive
     monkeypatch.setattr(PR, "_drive_tiled", lambda *a, **k: calls.append("tiled") or drive_tiled(*a, **k))
@@ -678,7 +678,8 @@ BLOCH = {"0": (0, 0, 1), "1": (0, 0, -1), "+": (1, 0, 0), "-": (-1, 0, 0), "r": 
 def no_first_try_on_the_loop(monkeypatch):
     """Small runs at these sizes skip their first try on the loop (propagate.SMALL_RUN_BOUND), as large runs
     do: the loop's XLA programs grow with the lanes (a 5,000-qubit Clifford run's first call compiled for
-    10 s, 27 s at 10,000, on the 2-core CPU), while the native engine's numba code is the same for any n."""
+    10 s, 27 s at 10,000, on the 2-core CPU), while the native engine's C loops are the same for any n (and
+    where the C library is built, small runs skip the loop anyway)."""
     from pauliprop.propagation import propagate as PR
     monkeypatch.setattr(PR, "SMALL_RUN_BOUND", {})
 

@@ -27,8 +27,8 @@ from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_o
 
 @pytest.fixture(autouse=True, scope="module")
 def _small_circuits_on_the_tiled_engine_too():
-    """Small runs go to the loop first (propagate.SMALL_RUN_BOUND), and with numba installed CPUs' runs to
-    the native engine (native.py); here the tiled engine takes them all."""
+    """CPUs' runs go to the native engine (native.py) where its C library is built, and otherwise small runs
+    to the loop first (propagate.SMALL_RUN_BOUND); here the tiled engine takes them all."""
     saved, prop.SMALL_RUN_BOUND = prop.SMALL_RUN_BOUND, {}
     with pytest.MonkeyPatch.context() as m:
         m.setenv(prop.NATIVE, "0")

@@ -57,7 +57,7 @@ print(json.dumps({"value": v, "compiles": count("/jax/core/compile/backend_compi
 
 def _job(env_extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PAULIPROP_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
-    env.update(JAX_PLATFORMS="cpu", PAULIPROP_NATIVE="0", **env_extra)  # XLA's programs, not numba's (test_native)
+    env.update(JAX_PLATFORMS="cpu", PAULIPROP_NATIVE="0", **env_extra)  # XLA's programs, not the native engine's (test_native)
     proc = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True, env=env, timeout=300,
                           cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

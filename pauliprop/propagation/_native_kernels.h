@@ -1,0 +1,317 @@
+/* The native engine's units for one coefficient type: included by _native.c once per type, with CT the
+ * coefficient type and NAME(f) giving each function its type's suffix. See _native.c for the layout of the
+ * buffers; native.py for what each unit does. */
+
+/* Remove the h words listed in holes[base:base + h] (marked in gone) from the bucket's live words
+ * [base, base + count): the staying words from m = base + count - h on fill the holes below m; clears their
+ * gone flags. Returns the bucket's new count. */
+static i64 NAME(fill_bucket)(u32 *words, CT *coeffs, i32 *sins, u8 *gone, const i32 *holes, i64 base, i64 count,
+                             i64 h, i64 w2) {
+    i64 m = base + count - h, src = m;
+    for (i64 k = base; k < base + h; k++) {
+        i64 d = holes[k];
+        if (d >= m) continue;
+        while (gone[src]) src++;
+        memcpy(words + d * w2, words + src * w2, (size_t)w2 * sizeof(u32));
+        coeffs[d] = coeffs[src];
+        sins[d] = sins[src];
+        src++;
+    }
+    for (i64 k = base; k < base + h; k++) gone[holes[k]] = 0;
+    return count - h;
+}
+
+EXPORT void NAME(clifford_unit)(i64 dense, i64 start, i64 count, const i64 *cl_kind, const i64 *cl_qubits,
+                                const i64 *cl_table, const i64 *cl_sign, const u32 *cl_gens, const i64 *cl_turns,
+                                const u32 *map_tx, const u32 *map_tz, const i32 *map_te, u32 *words, CT *coeffs,
+                                i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count, i64 buckets, i64 slots, i64 w,
+                                i64 weight_each, i64 end_weight, i64 max_weight, double *dropped) {
+    i64 cap = slots / buckets;
+    i64 *rx = (i64 *)malloc(2 * (size_t)w * sizeof(i64)), *rz = rx + w;
+    for (i64 bucket = 0; bucket < buckets; bucket++) {
+        i64 base = bucket * cap, h = 0;
+        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+            int dead = 0;
+            int negate = clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
+                                       map_tx, map_tz, map_te, words + i * 2 * w, w, rx, rz, weight_each,
+                                       max_weight, &dead);
+            if (negate) coeffs[i] = -coeffs[i];
+            if (dead || (end_weight && weight(words + i * 2 * w, w) > max_weight)) {
+                drop(gone, holes, base + h, i, dropped, 0, fabs((double)coeffs[i]));
+                h++;
+            }
+        }
+        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                            bucket_count[bucket], h, 2 * w);
+    }
+    free(rx);
+}
+
+EXPORT void NAME(rules_unit)(u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count,
+                             i64 buckets, i64 slots, i64 w, i64 max_weight, double min_abs, i64 max_sins,
+                             double *dropped) {
+    i64 cap = slots / buckets;
+    for (i64 bucket = 0; bucket < buckets; bucket++) {
+        i64 base = bucket * cap, h = 0;
+        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+            int rule = violates((double)coeffs[i], weight(words + i * 2 * w, w), sins[i], max_weight, min_abs,
+                                max_sins);
+            if (rule >= 0) {
+                drop(gone, holes, base + h, i, dropped, rule, fabs((double)coeffs[i]));
+                h++;
+            }
+        }
+        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                            bucket_count[bucket], h, 2 * w);
+    }
+}
+
+EXPORT void NAME(channel_unit)(i64 start, i64 count, const i64 *ch_qubit, const double *ch_factor, u32 *words,
+                               CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count, i64 buckets,
+                               i64 slots, i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped) {
+    i64 cap = slots / buckets;
+    for (i64 bucket = 0; bucket < buckets; bucket++) {
+        i64 base = bucket * cap, h = 0;
+        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+            const u32 *word = words + i * 2 * w;
+            double c = (double)coeffs[i];
+            for (i64 j = start; j < start + count; j++) {
+                i64 q = ch_qubit[j];
+                i64 code = (((i64)word[q / 32] >> (q % 32)) & 1) | ((((i64)word[w + q / 32] >> (q % 32)) & 1) << 1);
+                c *= ch_factor[4 * j + code];
+            }
+            coeffs[i] = (CT)c;
+            int rule = violates(c, weight(word, w), sins[i], max_weight, min_abs, max_sins);
+            if (rule >= 0) {
+                drop(gone, holes, base + h, i, dropped, rule, fabs(c));
+                h++;
+            }
+        }
+        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                            bucket_count[bucket], h, 2 * w);
+    }
+}
+
+/* A rotation by G, second step (after turning() on every part and need() found room), on part `part` of
+ * `parts` of the bucket pairs (a, a xor bucket_of(G)): P -> cos P + sin i G P for the turning words P, each
+ * pair of buckets alone, its words in the cache. Parts touch disjoint buckets; each has its own table (4 cap
+ * entries, -1: empty; left empty) and dropped. */
+EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 *gens, u32 *words, CT *coeffs,
+                        i32 *sins, u8 *gone, i32 *holes, i32 *partner, const i32 *turning, i64 *table,
+                        i64 *bucket_count, i64 buckets, i64 slots, const i64 *turning_count, const u32 *hashes,
+                        i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped) {
+    i64 cap = slots / buckets, w2 = 2 * w;
+    const u32 *gen = gens + g * w2;
+    i64 shift = bucket_of(gen, hashes, bits(buckets), w);
+    i64 top = bits(shift + 1) - 1; /* the top set bit of shift: a pair's lower bucket has it clear */
+    i64 pairs = shift ? buckets / 2 : buckets;
+    /* the bit that tells a pair's two members apart: the lowest set bit of G */
+    i64 flip_lane = 0, flip_bit = 0;
+    for (i64 l = 0; l < w2; l++) {
+        i64 v = gen[l];
+        if (v != 0) {
+            flip_lane = l;
+            flip_bit = v & -v;
+            break;
+        }
+    }
+    for (i64 p = part * pairs / parts; p < (part + 1) * pairs / parts; p++) {
+        i64 a = shift ? (((p >> top) << (top + 1)) | (p & ((INT64_C(1) << top) - 1))) : p; /* bit `top` of a: 0 */
+        i64 b = a ^ shift;
+        i64 ta = turning_count[a], tb = b != a ? turning_count[b] : 0, t = ta + tb;
+        if (t == 0) continue;
+        i64 size = 2;
+        while (size < 2 * t) size <<= 1; /* a table of at least twice the turning words */
+        i64 mask = size - 1, base_a = a * cap, base_b = b * cap, ha = 0, hb = 0;
+        /* pair the turning words through the table; a pair mixes when its second member finds the first,
+         * whose words are then in the cache: P -> cos P + sin s Q, Q -> cos Q - sin s P */
+        for (i64 kk = 0; kk < t; kk++) {
+            i64 i = kk < ta ? turning[base_a + kk] : turning[base_b + kk - ta];
+            const u32 *wi = words + i * w2;
+            int fi = ((i64)wi[flip_lane] & flip_bit) != 0;
+            i64 hv = hash(wi, gen, fi, w2);
+            i64 slot = hv & mask, tag = (hv >> 40) & 0x7FFFFF; /* 23 bits beside the slot: most mismatches read no word */
+            partner[i] = -1;
+            for (;;) {
+                i64 entry = table[slot];
+                if (entry < 0) {
+                    table[slot] = (tag << 32) | i;
+                    break;
+                }
+                if ((entry >> 32) == tag) {
+                    i64 j = entry & 0xFFFFFFFF;
+                    const u32 *wj = words + j * w2;
+                    int fj = ((i64)wj[flip_lane] & flip_bit) != 0;
+                    if (same_canonical(wi, fi, wj, fj, gen, w2)) {
+                        partner[i] = (i32)j;
+                        partner[j] = (i32)i;
+                        double sign = product_sign(wj, gen, w);
+                        CT c = coeffs[j], cq = coeffs[i];
+                        i64 s = sins[j], sq = sins[i];
+                        double mine = cos_ * c - sin_ * sign * cq, theirs = cos_ * cq + sin_ * sign * c;
+                        i64 my_sins = s < sq + 1 ? s : sq + 1, their_sins = sq < s + 1 ? sq : s + 1;
+                        coeffs[j] = (CT)mine;
+                        sins[j] = (i32)my_sins;
+                        coeffs[i] = (CT)theirs;
+                        sins[i] = (i32)their_sins;
+                        int rule = violates(mine, weight(wj, w), my_sins, max_weight, min_abs, max_sins);
+                        if (rule >= 0) {
+                            if (j < base_b || a == b) drop(gone, holes, base_a + ha++, j, dropped, rule, fabs(mine));
+                            else drop(gone, holes, base_b + hb++, j, dropped, rule, fabs(mine));
+                        }
+                        rule = violates(theirs, weight(wi, w), their_sins, max_weight, min_abs, max_sins);
+                        if (rule >= 0) {
+                            if (kk < ta) drop(gone, holes, base_a + ha++, i, dropped, rule, fabs(theirs));
+                            else drop(gone, holes, base_b + hb++, i, dropped, rule, fabs(theirs));
+                        }
+                        break;
+                    }
+                }
+                slot = (slot + 1) & mask;
+            }
+        }
+        for (i64 kk = 0; kk < size; kk++) table[kk] = -1;
+        /* the words left alone keep cos of their coefficients; their partners are appended to the other
+         * bucket with sin s of them */
+        i64 add_a = 0, add_b = 0;
+        for (i64 kk = 0; kk < t; kk++) {
+            int in_a = kk < ta;
+            i64 i = in_a ? turning[base_a + kk] : turning[base_b + kk - ta];
+            if (partner[i] >= 0) continue;
+            const u32 *wi = words + i * w2;
+            CT c = coeffs[i];
+            i64 s = sins[i];
+            double sign = product_sign(wi, gen, w);
+            double mine = cos_ * c, spawn = sin_ * sign * c;
+            coeffs[i] = (CT)mine;
+            int rule = violates(mine, weight(wi, w), s, max_weight, min_abs, max_sins);
+            if (rule >= 0) {
+                if (in_a) drop(gone, holes, base_a + ha++, i, dropped, rule, fabs(mine));
+                else drop(gone, holes, base_b + hb++, i, dropped, rule, fabs(mine));
+            }
+            int into_b = in_a && a != b;
+            i64 d = into_b ? base_b + bucket_count[b] + add_b : base_a + bucket_count[a] + add_a;
+            u32 *wd = words + d * w2;
+            for (i64 l = 0; l < w2; l++) wd[l] = wi[l] ^ gen[l];
+            rule = violates(spawn, weight(wd, w), s + 1, max_weight, min_abs, max_sins);
+            if (rule >= 0) {
+                dropped[rule] += fabs(spawn);
+            } else {
+                coeffs[d] = (CT)spawn;
+                sins[d] = (i32)(s + 1);
+                if (into_b) add_b++;
+                else add_a++;
+            }
+        }
+        bucket_count[a] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base_a, bucket_count[a] + add_a, ha, w2);
+        if (b != a)
+            bucket_count[b] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base_b, bucket_count[b] + add_b, hb,
+                                                w2);
+    }
+}
+
+/* The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word.
+ * out: (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing of that
+ * rotation written), the most live words after any rotation (at least peak)). */
+EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot_sin, const u32 *gens, u32 *words,
+                            CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i32 *partner, i32 *turning_, i64 *table,
+                            i64 *bucket_count, i64 buckets, i64 slots, i64 *turning_count, const u32 *hashes, i64 w,
+                            i64 max_weight, double min_abs, i64 max_sins, double *dropped, i64 peak, i64 *out) {
+    for (i64 g = first; g < end; g++) {
+        turning(g, 0, 1, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
+        i64 need_ = need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w);
+        if (need_ > 0) {
+            out[0] = g, out[1] = need_, out[2] = peak;
+            return;
+        }
+        NAME(pairs)(g, rot_cos[g], rot_sin[g], 0, 1, gens, words, coeffs, sins, gone, holes, partner, turning_, table,
+                    bucket_count, buckets, slots, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped);
+        i64 n = 0;
+        for (i64 b = 0; b < buckets; b++) n += bucket_count[b];
+        if (n > peak) peak = n;
+    }
+    out[0] = end, out[1] = 0, out[2] = peak;
+}
+
+/* rotations() on up to `threads` threads (OpenMP; one where the library was built without it): each rotation's
+ * turning lists by ranges of buckets, then, where every bucket has room, its bucket pairs by ranges of pairs, each
+ * thread with its own table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops:
+ * threads rows of 3). The same values and terms as on one thread (a pair's arithmetic does not depend on who
+ * does it); the dropped norms are summed in another order. out as rotations()'s. */
+EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *rot_cos, const CT *rot_sin,
+                                    const u32 *gens, u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes,
+                                    i32 *partner, i32 *turning_, i64 *tables, i64 table_size, i64 *bucket_count,
+                                    i64 buckets, i64 slots, i64 *turning_count, const u32 *hashes, i64 w,
+                                    i64 max_weight, double min_abs, i64 max_sins, double *drops, i64 peak, i64 *out) {
+#ifdef _OPENMP
+    i64 stop = end, stop_need = 0;
+#pragma omp parallel num_threads((int)threads)
+    {
+        i64 part = omp_get_thread_num(), parts = omp_get_num_threads();
+        for (i64 g = first; g < end; g++) {
+            turning(g, part, parts, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
+#pragma omp barrier
+#pragma omp single
+            {
+                i64 n = need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w);
+                if (n > 0) stop = g, stop_need = n;
+            } /* (a barrier: every thread reads stop_need as written) */
+            if (stop_need > 0) break;
+            NAME(pairs)(g, rot_cos[g], rot_sin[g], part, parts, gens, words, coeffs, sins, gone, holes, partner, turning_,
+                        tables + part * table_size, bucket_count, buckets, slots, turning_count, hashes, w, max_weight,
+                        min_abs, max_sins, drops + 3 * part);
+#pragma omp barrier
+#pragma omp single
+            {
+                i64 n = 0;
+                for (i64 b = 0; b < buckets; b++) n += bucket_count[b];
+                if (n > peak) peak = n;
+            }
+        }
+    }
+    out[0] = stop, out[1] = stop_need, out[2] = peak;
+#else
+    (void)threads, (void)table_size;
+    NAME(rotations)(first, end, rot_cos, rot_sin, gens, words, coeffs, sins, gone, holes, partner, turning_, tables,
+                    bucket_count, buckets, slots, turning_count, hashes, w, max_weight, min_abs, max_sins, drops, peak,
+                    out);
+#endif
+}
+
+/* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts). */
+EXPORT void NAME(rebucket)(const u32 *words, const CT *coeffs, const i32 *sins, const i64 *bucket_count, i64 buckets,
+                           i64 cap, u32 *new_words, CT *new_coeffs, i32 *new_sins, i64 *new_count, i64 new_cap,
+                           const u32 *hashes, i64 k, i64 w) {
+    for (i64 bucket = 0; bucket < buckets; bucket++)
+        for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++) {
+            i64 b = bucket_of(words + i * 2 * w, hashes, k, w);
+            i64 d = b * new_cap + new_count[b]++;
+            memcpy(new_words + d * 2 * w, words + i * 2 * w, 2 * (size_t)w * sizeof(u32));
+            new_coeffs[d] = coeffs[i];
+            new_sins[d] = sins[i];
+        }
+}
+
+/* sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors: table (32 W, 4)). */
+EXPORT double NAME(value)(const u32 *words, const CT *coeffs, const i64 *bucket_count, i64 buckets, i64 slots,
+                          const double *table, i64 w) {
+    i64 cap = slots / buckets;
+    double total = 0.0;
+    for (i64 bucket = 0; bucket < buckets; bucket++)
+        for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++) {
+            const u32 *word = words + i * 2 * w;
+            double ov = 1.0;
+            for (i64 l = 0; l < w; l++) {
+                i64 x = word[l], z = word[w + l], sites = x | z;
+                while (sites != 0 && ov != 0.0) {
+                    i64 low = sites & -sites;
+                    i64 q = 32 * l + pop(low - 1);
+                    i64 code = ((x & low) != 0 ? 1 : 0) | ((z & low) != 0 ? 2 : 0);
+                    ov *= table[4 * q + code];
+                    sites ^= low;
+                }
+            }
+            total += coeffs[i] * ov;
+        }
+    return total;
+}
