@@ -21,74 +21,98 @@ static i64 NAME(fill_bucket)(u32 *words, CT *coeffs, i32 *sins, u8 *gone, const 
     return count - h;
 }
 
-EXPORT void NAME(clifford_unit)(i64 dense, i64 start, i64 count, const i64 *cl_kind, const i64 *cl_qubits,
+EXPORT void NAME(clifford_unit)(i64 threads, i64 dense, i64 start, i64 count, const i64 *cl_kind, const i64 *cl_qubits,
                                 const i64 *cl_table, const i64 *cl_sign, const u32 *cl_gens, const i64 *cl_turns,
                                 const u32 *map_tx, const u32 *map_tz, const i32 *map_te, u32 *words, CT *coeffs,
                                 i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count, i64 buckets, i64 slots, i64 w,
                                 i64 weight_each, i64 end_weight, i64 max_weight, double *dropped) {
     i64 cap = slots / buckets;
-    i64 *rx = (i64 *)malloc(2 * (size_t)w * sizeof(i64)), *rz = rx + w;
-    for (i64 bucket = 0; bucket < buckets; bucket++) {
-        i64 base = bucket * cap, h = 0;
-        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
-            int dead = 0;
-            int negate = clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns,
-                                       map_tx, map_tz, map_te, words + i * 2 * w, w, rx, rz, weight_each,
-                                       max_weight, &dead);
-            if (negate) coeffs[i] = -coeffs[i];
-            if (dead || (end_weight && weight(words + i * 2 * w, w) > max_weight)) {
-                drop(gone, holes, base + h, i, dropped, 0, fabs((double)coeffs[i]));
-                h++;
+    (void)threads;
+#pragma omp parallel num_threads((int)threads) if (threads > 1)
+    {
+        double mine[3] = {0.0, 0.0, 0.0}; /* this thread's dropped norms */
+        i64 *rx = (i64 *)malloc(2 * (size_t)w * sizeof(i64)), *rz = rx + w;
+#pragma omp for schedule(dynamic, 8)
+        for (i64 bucket = 0; bucket < buckets; bucket++) {
+            i64 base = bucket * cap, h = 0;
+            for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+                int dead = 0;
+                int negate = clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens,
+                                           cl_turns, map_tx, map_tz, map_te, words + i * 2 * w, w, rx, rz,
+                                           weight_each, max_weight, &dead);
+                if (negate) coeffs[i] = -coeffs[i];
+                if (dead || (end_weight && weight(words + i * 2 * w, w) > max_weight)) {
+                    drop(gone, holes, base + h, i, mine, 0, fabs((double)coeffs[i]));
+                    h++;
+                }
             }
+            if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                                bucket_count[bucket], h, 2 * w);
         }
-        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
-                                                            bucket_count[bucket], h, 2 * w);
+        free(rx);
+#pragma omp critical
+        for (int r = 0; r < 3; r++) dropped[r] += mine[r];
     }
-    free(rx);
 }
 
-EXPORT void NAME(rules_unit)(u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count,
+EXPORT void NAME(rules_unit)(i64 threads, u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count,
                              i64 buckets, i64 slots, i64 w, i64 max_weight, double min_abs, i64 max_sins,
                              double *dropped) {
     i64 cap = slots / buckets;
-    for (i64 bucket = 0; bucket < buckets; bucket++) {
-        i64 base = bucket * cap, h = 0;
-        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
-            int rule = violates((double)coeffs[i], weight(words + i * 2 * w, w), sins[i], max_weight, min_abs,
-                                max_sins);
-            if (rule >= 0) {
-                drop(gone, holes, base + h, i, dropped, rule, fabs((double)coeffs[i]));
-                h++;
+    (void)threads;
+#pragma omp parallel num_threads((int)threads) if (threads > 1)
+    {
+        double mine[3] = {0.0, 0.0, 0.0};
+#pragma omp for schedule(dynamic, 8)
+        for (i64 bucket = 0; bucket < buckets; bucket++) {
+            i64 base = bucket * cap, h = 0;
+            for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+                int rule = violates((double)coeffs[i], weight(words + i * 2 * w, w), sins[i], max_weight, min_abs,
+                                    max_sins);
+                if (rule >= 0) {
+                    drop(gone, holes, base + h, i, mine, rule, fabs((double)coeffs[i]));
+                    h++;
+                }
             }
+            if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                                bucket_count[bucket], h, 2 * w);
         }
-        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
-                                                            bucket_count[bucket], h, 2 * w);
+#pragma omp critical
+        for (int r = 0; r < 3; r++) dropped[r] += mine[r];
     }
 }
 
-EXPORT void NAME(channel_unit)(i64 start, i64 count, const i64 *ch_qubit, const double *ch_factor, u32 *words,
-                               CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count, i64 buckets,
+EXPORT void NAME(channel_unit)(i64 threads, i64 start, i64 count, const i64 *ch_qubit, const double *ch_factor,
+                               u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes, i64 *bucket_count, i64 buckets,
                                i64 slots, i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped) {
     i64 cap = slots / buckets;
-    for (i64 bucket = 0; bucket < buckets; bucket++) {
-        i64 base = bucket * cap, h = 0;
-        for (i64 i = base; i < base + bucket_count[bucket]; i++) {
-            const u32 *word = words + i * 2 * w;
-            double c = (double)coeffs[i];
-            for (i64 j = start; j < start + count; j++) {
-                i64 q = ch_qubit[j];
-                i64 code = (((i64)word[q / 32] >> (q % 32)) & 1) | ((((i64)word[w + q / 32] >> (q % 32)) & 1) << 1);
-                c *= ch_factor[4 * j + code];
+    (void)threads;
+#pragma omp parallel num_threads((int)threads) if (threads > 1)
+    {
+        double mine[3] = {0.0, 0.0, 0.0};
+#pragma omp for schedule(dynamic, 8)
+        for (i64 bucket = 0; bucket < buckets; bucket++) {
+            i64 base = bucket * cap, h = 0;
+            for (i64 i = base; i < base + bucket_count[bucket]; i++) {
+                const u32 *word = words + i * 2 * w;
+                double c = (double)coeffs[i];
+                for (i64 j = start; j < start + count; j++) {
+                    i64 q = ch_qubit[j];
+                    i64 code = (((i64)word[q / 32] >> (q % 32)) & 1) | ((((i64)word[w + q / 32] >> (q % 32)) & 1) << 1);
+                    c *= ch_factor[4 * j + code];
+                }
+                coeffs[i] = (CT)c;
+                int rule = violates(c, weight(word, w), sins[i], max_weight, min_abs, max_sins);
+                if (rule >= 0) {
+                    drop(gone, holes, base + h, i, mine, rule, fabs(c));
+                    h++;
+                }
             }
-            coeffs[i] = (CT)c;
-            int rule = violates(c, weight(word, w), sins[i], max_weight, min_abs, max_sins);
-            if (rule >= 0) {
-                drop(gone, holes, base + h, i, dropped, rule, fabs(c));
-                h++;
-            }
+            if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
+                                                                bucket_count[bucket], h, 2 * w);
         }
-        if (h > 0) bucket_count[bucket] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base,
-                                                            bucket_count[bucket], h, 2 * w);
+#pragma omp critical
+        for (int r = 0; r < 3; r++) dropped[r] += mine[r];
     }
 }
 

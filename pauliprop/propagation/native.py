@@ -24,10 +24,10 @@ The buffers are numpy arrays the caller grows (no program depends on a capacity)
 appended words would not fit returns the slots it needs before writing anything, and the caller
 resumes at that rotation in larger buffers. The loop over units is Python's (`run`), each unit one
 call of a C function through ctypes (a few microseconds; the GIL is released while it runs), once
-per coefficient type (float64, float32). From THREAD_MIN live words a unit's rotations run on several
-threads in one call (OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the
-process may use): each rotation's turning lists by ranges of buckets, then its bucket pairs by ranges of
-pairs, a barrier between.
+per coefficient type (float64, float32). From THREAD_MIN live words a unit runs on several threads in
+its one call (OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the process
+may use): Clifford runs, channels and rules by buckets; a rotation's turning lists by ranges of buckets,
+then its bucket pairs by ranges of pairs, a barrier between.
 
 Importing this module fails (ImportError) where the C library was not built (no C compiler at install:
 setup.py builds it as optional); propagate.native_engine then runs CPUs' concrete calls on XLA's engines.
@@ -233,12 +233,14 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
     (max_weight, min_abs_coeff, max_sins), OFF / 0.0 / OFF where a rule is off. Writes the live terms
     after each unit into unit_terms and adds the 1-norm each rule dropped into dropped (float64).
 
-    The loop over units is Python's (a few dozen calls a circuit, microseconds each): each unit's function
-    is compiled on its own, so a cold start compiles no program that holds them all again."""
+    The loop over units is Python's (a few dozen calls a circuit, microseconds each), each unit one call of
+    the C loops; from THREAD_MIN live words a unit runs on threads() threads."""
     t, w = tables, tables.lanes
     max_weight, min_abs, max_sins = int(limits[0]), float(limits[1]), int(limits[2])
+    n, many = ws.n, threads()
     for u in range(unit, len(t.unit_kind)):
         kind, start, count = int(t.unit_kind[u]), int(t.unit_start[u]), int(t.unit_count[u])
+        parts = many if n >= THREAD_MIN else 1
         # the rules this unit applies (tiled.end_rules; a rotation's own unless its step defers them)
         lw, lc, ls = max_weight, min_abs, max_sins
         if kind in (schedule.U_SPLIT, schedule.U_LAYER) and t.unit_defer[u]:
@@ -249,15 +251,15 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
             clifford = (bool(t.unit_dense[u]), start, count, t.cl_kind, t.cl_qubits, t.cl_table, t.cl_sign,
                         t.cl_gens, t.cl_turns, t.map_tx, t.map_tz, t.map_te)
             _clifford_unit(*clifford, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, weight_each,
-                           not weight_each, max_weight, dropped)
+                           not weight_each, max_weight, dropped, parts)
             _follow(clifford, hashes, ws.bucket_bits, w, ws.coeffs.dtype)
         elif kind == schedule.U_CHANNEL:
             _channel_unit(start, count, t.ch_qubit, t.ch_factor, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes,
-                          ws.count, w, lw, lc, ls, dropped)
+                          ws.count, w, lw, lc, ls, dropped, parts)
         elif kind == schedule.U_TRUNCATE:
-            _rules_unit(ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, lw, lc, ls, dropped)
+            _rules_unit(ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, lw, lc, ls, dropped, parts)
         elif kind in (schedule.U_SPLIT, schedule.U_LAYER):
-            parts = min(threads(), len(ws.count) // 2) if ws.n >= THREAD_MIN else 1
+            parts = min(parts, len(ws.count) // 2)  # the pairs of buckets split among the threads
             if parts > 1:
                 r, need, peak = _rotations_threads(parts, start + step, start + count, cos, sin, t.rot_gens, ws,
                                                    hashes, w, lw, lc, ls, dropped, peak)
@@ -317,9 +319,9 @@ class _Kernels(NamedTuple):
 
 def _kernels_of(suffix: str) -> _Kernels:
     return _Kernels(
-        _declare(f"clifford_unit_{suffix}", None, *[_I] * 3, *[_P] * 9, *[_P] * 6, _I, _I, _I, _I, _I, _I, _P),
-        _declare(f"rules_unit_{suffix}", None, *[_P] * 6, _I, _I, _I, _I, _D, _I, _P),
-        _declare(f"channel_unit_{suffix}", None, _I, _I, *[_P] * 8, _I, _I, _I, _I, _D, _I, _P),
+        _declare(f"clifford_unit_{suffix}", None, *[_I] * 4, *[_P] * 9, *[_P] * 6, _I, _I, _I, _I, _I, _I, _P),
+        _declare(f"rules_unit_{suffix}", None, _I, *[_P] * 6, _I, _I, _I, _I, _D, _I, _P),
+        _declare(f"channel_unit_{suffix}", None, _I, _I, _I, *[_P] * 8, _I, _I, _I, _I, _D, _I, _P),
         _declare(f"rotations_{suffix}", None, _I, _I, *[_P] * 12, _I, _I, _P, _P, _I, _I, _D, _I, _P, _I, _P),
         _declare(f"rotations_threads_{suffix}", None, _I, _I, _I, *[_P] * 11, _I, _P, _I, _I, _P, _P, _I, _I, _D, _I, _P,
                  _I, _P),
@@ -356,27 +358,27 @@ def _slots(words, coeffs, sins, gone, holes):
 
 def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
                    map_te, words, coeffs, sins, gone, holes, bucket_count, w, weight_each, end_weight, max_weight,
-                   dropped):
+                   dropped, parts=1):
     """A Clifford run on every word, then the weight rule (after each gate when weight_each, else at the run's
-    end when end_weight)."""
+    end when end_weight); its buckets on `parts` threads."""
     _kernels(coeffs).clifford_unit(
-        dense, start, count, _at(cl_kind, _I64), _at(cl_qubits, _I64), _at(cl_table, _I64), _at(cl_sign, _I64),
+        parts, dense, start, count, _at(cl_kind, _I64), _at(cl_qubits, _I64), _at(cl_table, _I64), _at(cl_sign, _I64),
         _at(cl_gens, _U32), _at(cl_turns, _I64), _at(map_tx, _U32), _at(map_tz, _U32), _at(map_te, _I32),
         *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64), len(bucket_count), len(words), w,
         weight_each, end_weight, max_weight, _at(dropped, _F64))
 
 
-def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped):
-    """The rules on every word (the end of a deferred step)."""
-    _kernels(coeffs).rules_unit(*_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
+def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped, parts=1):
+    """The rules on every word (the end of a deferred step); its buckets on `parts` threads."""
+    _kernels(coeffs).rules_unit(parts, *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
                                 len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
 
 
 def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w, max_weight,
-                  min_abs, max_sins, dropped):
+                  min_abs, max_sins, dropped, parts=1):
     """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient rule:
-    the factors are at most 1 in size; per layer all of them)."""
-    _kernels(coeffs).channel_unit(start, count, _at(ch_qubit, _I64), _at(ch_factor, _F64),
+    the factors are at most 1 in size; per layer all of them); its buckets on `parts` threads."""
+    _kernels(coeffs).channel_unit(parts, start, count, _at(ch_qubit, _I64), _at(ch_factor, _F64),
                                   *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
                                   len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
 
@@ -430,14 +432,14 @@ def live_terms(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
 
 # ---- threads -------------------------------------------------------------------------------------------------
 
-THREADS = "PAULIPROP_NATIVE_THREADS"  # environment: the threads a run's rotations use (default: every core it may use)
-THREAD_MIN = 1 << 15  # live words from which a unit's rotations run on several threads (below, a rotation's work
-#                       is too little for the threads' two barriers)
-OPENMP = bool(_LIB.openmp())  # whether the library was built with OpenMP (else every rotation runs on one thread)
+THREADS = "PAULIPROP_NATIVE_THREADS"  # environment: the threads a run's units use (default: every core it may use)
+THREAD_MIN = 1 << 15  # live words from which a unit runs on several threads (below, its work is too little for
+#                       the threads' start and a rotation's two barriers)
+OPENMP = bool(_LIB.openmp())  # whether the library was built with OpenMP (else every unit runs on one thread)
 
 
 def threads() -> int:
-    """The threads a run's rotations use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on; one
+    """The threads a run's units use: PAULIPROP_NATIVE_THREADS, else the cores this process may run on; one
     where the library was built without OpenMP."""
     given = os.environ.get(THREADS, "").strip()
     if given:
