@@ -29,6 +29,52 @@ def test_catalogue_numbers_every_unitary_gate_with_its_tables():
     assert len(set(numbers.values())) == len(numbers) == forward.shape[0]
 
 
+def test_clifford_action_equals_the_shared_gate_tables():
+    """The catalogue's vectorised Clifford action is gates.clifford_action, code for code and sign for sign,
+    for every gate of the catalogue in both directions; a non-Clifford is refused as it refuses it."""
+    from pauliprop.circuits import gates
+
+    for name in P.gate_catalogue()[0]:
+        for m in (gates.GATES[name].matrix(), gates.GATES[name].matrix().conj().T):
+            for got, want in zip(P.clifford_action(m), gates.clifford_action(m)):
+                np.testing.assert_array_equal(got, want, err_msg=name)
+    with pytest.raises(ValueError, match="not a Clifford"):
+        P.clifford_action(np.diag([1, np.exp(0.25j * np.pi)]))
+
+
+def test_flat_loops_return_to_their_bodies_after_earlier_repeats():
+    """A REPEAT after another REPEAT, and one nested after a repeat in its parent's body, flatten with each
+    loop row sending the runner back to its own body's first row (the count of earlier rows once took a
+    loop row for a table: KeyError)."""
+    text = ("H 0\nREPEAT 2 {\n  S 0\n  M 0\n}\nREPEAT 3 {\n  SQRT_X 0\n  REPEAT 5 {\n    SQRT_Y 0\n  }\n"
+            "  REPEAT 4 {\n    C_XYZ 0\n    M 0\n  }\n}\nM 0")
+    prog = P.lower(Circuit(text))
+    flat, _, _ = P.flatten(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)
+    t = flat.table
+    loops = np.flatnonzero(t["loop_level"][:flat.ops] >= 0)
+    starts = {int(t["loop_count"][i]): (int(t["loop_level"][i]), int(t["gate"][t["loop_start"][i], 0])) for i in loops}
+    assert starts == {2: (0, P.gate_number("S")), 3: (0, P.gate_number("SQRT_X")), 5: (1, P.gate_number("SQRT_Y")),
+                      4: (1, P.gate_number("C_XYZ"))}
+    assert flat.depth == 2
+
+
+def test_sorted_collapses_measure_unsorted_x_and_y_targets_in_order_first():
+    """With sorted_collapses an MX / MY / MRY / RX instruction whose targets are out of order gets one
+    unrecorded, noiseless measurement of its sorted targets before its own (Stim's collapse order); sorted
+    targets, Z bases and the default lowering get none, and the records are the same."""
+    def measures(text, **kw):
+        (table,) = P.lower(Circuit(text), **kw).tables()
+        rows = np.flatnonzero(table["kind"] == P.MEASURE)
+        return [(table["q"][i][table["active"][i]][:, 0].tolist(), int(table["advance"][i])) for i in rows]
+
+    assert measures("MY 2 0 1", sorted_collapses=True) == [([0, 1, 2], 0), ([2, 0, 1], 3)]
+    assert measures("RX 1 0", sorted_collapses=True) == [([0, 1], 0), ([1, 0], 0)]
+    assert measures("MRY(0.1) 1 0 1", sorted_collapses=True) == [([0, 1], 0), ([1, 0], 2), ([1], 1)]
+    assert measures("MX 0 2", sorted_collapses=True) == [([0, 2], 2)]
+    assert measures("M 2 0", sorted_collapses=True) == [([2, 0], 2)]
+    assert measures("MY 2 0") == [([2, 0], 2)]
+
+
 def _gate_ops(prog):
     (table,) = prog.tables()
     gate = table["kind"] == P.GATE
