@@ -1,7 +1,8 @@
-"""The native CPU engine's C loops (pauliprop/propagation/_native.c), compiled at install; the rest of the
-project's configuration is in pyproject.toml. Where no C compiler is found the build goes on without it
-(optional) and CPUs run concrete calls on XLA's engines (pauliprop.propagation.propagate.native_engine);
-where the compiler has no OpenMP, the library is built without it and runs each rotation on one thread."""
+"""The native CPU engine's C loops (pauliprop/propagation/_native.c) and the stabilizer samplers' (stabilizer/frames/
+_frames.c), compiled at install; the rest of the project's configuration is in pyproject.toml. Where no C compiler
+is found the build goes on without them (optional) and CPUs run concrete calls on XLA's engines
+(pauliprop.propagation.propagate.native_engine, stabilizer.frames.sampler.native_engine); where the compiler has
+no OpenMP, the libraries are built without it and run each rotation, or each chunk of shots, on one thread."""
 
 import platform
 import sys
@@ -33,5 +34,9 @@ class BuildWithOpenMP(build_ext):
 
 setup(ext_modules=[Extension("pauliprop.propagation._native", ["pauliprop/propagation/_native.c"],
                              depends=["pauliprop/propagation/_native_kernels.h"], extra_compile_args=FLAGS,
+                             optional=True),
+                   # the stabilizer samplers' CPU engine (stabilizer/frames/native.py): without it CPUs run the
+                   # samplers' JAX programs
+                   Extension("stabilizer.frames._frames", ["stabilizer/frames/_frames.c"], extra_compile_args=FLAGS,
                              optional=True)],
       cmdclass={"build_ext": BuildWithOpenMP})

@@ -14,9 +14,10 @@ Workloads:
            `depth` layers, each qubit in one gate per layer; gates only (the tableau workload),
            optionally then measuring every qubit (--measure-all).
 
-Tools: ours (defaults: the Pallas kernels that are on by default on GPUs), ours-jax (every kernel off,
-STABILIZER_KERNEL=jax), ours-slots (a MEASURE op one collapse at a time, as before issue 18's
-measurement blocks: STABILIZER_MEASURE=slots), stim, quasarq (tableau workloads: `simulate(...)` then `.measurements()`, since
+Tools: ours (defaults: the Pallas kernels that are on by default on GPUs, the C engine that is on by
+default on CPUs; `engine` records which ran the samplers), ours-jax (every kernel off and the C engine
+off, STABILIZER_KERNEL=jax STABILIZER_NATIVE=0: the JAX programs), ours-slots (a MEASURE op one collapse
+at a time, as before issue 18's measurement blocks: STABILIZER_MEASURE=slots), stim, quasarq (tableau workloads: `simulate(...)` then `.measurements()`, since
 QuaSARQ simulates only when a result is asked for), custabilizer (cuquantum.stabilizer.FrameSimulator: frame
 simulation of the circuit text, the measurement record as flips; detector rates from it through
 Stim's m2d converter; `unavailable` where cuquantum does not import).
@@ -146,6 +147,8 @@ def surface_worker(tool: str, spec: dict) -> dict:
     t0 = time.perf_counter()
     sampler = _detector_sampler(tool, text)
     out = {"compile_s": time.perf_counter() - t0, "shots": shots}
+    if tool.startswith("ours"):
+        out["engine"] = sampler.engine  # "native" (the C engine, CPUs) or "jax"
     modes = {"bool_host": lambda: sampler.sample(shots, separate_observables=True)}
     if tool != "quasarq":
         modes["packed_host"] = lambda: sampler.sample(shots, separate_observables=True, bit_packed=True)
@@ -182,6 +185,8 @@ def ours_stages(sampler, shots: int, repeats: int) -> dict:
     from stabilizer.frames import sampler as smp
 
     prog = sampler.program
+    if sampler.engine == "native":  # the C engine: frames and outputs are one call
+        return {"note": "stages are timed on the frame kernel's path (GPUs); this run took the C engine"}
     if sampler._tables is None:  # the CPU's flat program (program.flatten): its steps are one loop, not stages
         return {"note": "stages are timed on the frame kernel's path (GPUs); this run took the flat program"}
     tables = sampler._layouts[(False, False, True)]  # (detectors, observables); filled by the timed calls
@@ -308,7 +313,7 @@ def worker(spec: dict) -> dict:
 def run_isolated(spec: dict, timeout: float) -> dict:
     """Run `worker(spec)` in a subprocess; a crash or timeout becomes the record."""
     t0 = time.perf_counter()
-    env = os.environ | ({"STABILIZER_KERNEL": "jax"} if spec["tool"] == "ours-jax" else {})
+    env = os.environ | ({"STABILIZER_KERNEL": "jax", "STABILIZER_NATIVE": "0"} if spec["tool"] == "ours-jax" else {})
     env |= {"STABILIZER_MEASURE": "slots"} if spec["tool"] == "ours-slots" else {}
     try:
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,

@@ -26,7 +26,9 @@ second process (a sinter worker, the next script) loads the samplers' programs f
 `PAULIPROP_NO_CACHE=1` turns it off, and a cache already configured for JAX
 (`jax_compilation_cache_dir`, `$JAX_COMPILATION_CACHE_DIR`) is left as it is. The frames' programs
 are keyed by bucketed sizes with probabilities, targets, detectors and repeat counts as data, so the
-tasks of a threshold sweep share them.
+tasks of a threshold sweep share them. On CPUs the samplers compile nothing: where the package was
+installed with a C compiler they run as C loops (stabilizer/frames/native.py; STABILIZER_NATIVE=0 runs
+the JAX programs instead, STABILIZER_NATIVE_THREADS sets their threads).
 """
 
 from .circuits.circuit import (

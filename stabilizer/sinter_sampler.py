@@ -7,7 +7,8 @@
 sinter (1.14 and later) takes a custom `sinter.Sampler` under a decoder name: for each task it asks
 for a compiled sampler, whose `sample(shots)` returns `sinter.AnonTaskStats`. Here a task's circuit is
 sampled by `compile_detector_sampler` (detection events and observable flips, bit-packed) and decoded
-by a sinter decoder, PyMatching unless another is named. The tasks of a sweep share the frames'
+by a sinter decoder, PyMatching unless another is named. On CPUs the samplers run as C loops
+(stabilizer.frames.native): a task compiles nothing. Elsewhere the tasks of a sweep share the frames'
 compiled programs (probabilities and repeat counts are data, sizes bucketed), so a sweep over the
 noise strength compiles once per size bucket, and the persistent compilation cache (on when
 `stabilizer` is imported, see its docstring) carries them to sinter's worker processes.

@@ -5,9 +5,14 @@
                 record flips; on GPUs the program runs as frame_kernel, elsewhere as one loop over a
                 flat table (sizes bucketed: circuits of similar size share the compiled program)
   frame_kernel  the frame program on GPUs: one Pallas kernel runs a whole op table for a block of shots
+  native        the samplers' CPU engine: the same flat program and the reference shot's tableau as C
+                loops (_frames.c, compiled at install: nothing to compile at run time), chunks of shots
+                on several threads, outputs written in Stim's layouts; absent (ImportError) where the
+                library was not built
   sampler       `compile_sampler`, `compile_detector_sampler`: a noiseless reference shot on the
                 tableau, then frames for all shots in chunks; the outputs (XORs of record rows, a bit
-                transpose to Stim's shot-major layouts) built on the device
+                transpose to Stim's shot-major layouts) built on the device. On CPUs with the C library
+                (`native_engine`; STABILIZER_NATIVE=0 turns it off) both run in native
 
 Imports stabilizer.tableau (the reference shot, the kernel mode and word helpers) and
 stabilizer.circuits. The names of frames.py and the samplers are this package's too, as

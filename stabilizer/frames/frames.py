@@ -24,9 +24,11 @@ probabilities, so a sweep over p compiles nothing new. Probabilities above SPARS
 densely, code for which is compiled only where a program has one. All draws are exact to float64
 rounding (the frame program runs under jax.enable_x64), not quantised to 2^-32.
 
-On CPUs a lowered program runs as one table (`stabilizer.circuits.program.flatten`): one while loop
+Elsewhere a lowered program runs as one table (`stabilizer.circuits.program.flatten`): one while loop
 whose step is the op-kind switch below, with sizes bucketed, so that circuits of similar size (a
-sweep over the distance within a bucket, or over noise strengths) share one compiled program.
+sweep over the distance within a bucket, or over noise strengths) share one compiled program. (The
+samplers run that flat table on CPUs as C loops where the library is built, `native.py`; this loop is
+then what CPUs run without it, or with STABILIZER_NATIVE=0.)
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ the program is keyed by the flat program's bucketed sizes (`program.flatten`) an
 index tables, not by the circuit: samplers of circuits that differ in probabilities, targets or repeat
 counts within those buckets reuse it (a threshold sweep over p compiles once).
 
+On CPUs, where the C library is built (`native_engine`; STABILIZER_NATIVE=0 turns it off), the
+reference shot and the frames run as C loops instead (`stabilizer.frames.native`, the same flat program):
+nothing is compiled, a sampler's first call costs what its later ones do, and the outputs are written
+straight into the host arrays (on_device=True puts them on the device afterwards). Its shots for a seed
+are not the JAX program's (as the GPU kernel's are not). GPUs run the JAX programs as before.
+
 Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
 with little-endian bits. They are built on the device from the record (rows of bits, shots along
 words): the output rows are XORs of record rows, then a bit transpose makes them shot-major, so the
@@ -49,16 +55,57 @@ def _device_chunk_bytes() -> int:
     return max(1 << 26, limit // 8) if limit else 1 << 28  # CPUs report no limit: 256 MiB
 
 
+# ---- the engine: C loops on CPUs (native.py), else the JAX programs ---------------------------------------
+
+NATIVE = "STABILIZER_NATIVE"  # set to 0 to run CPUs' samplers on the JAX programs although the C library is built
+
+
+@cache
+def _native_module():
+    try:
+        from . import native
+    except ImportError:  # its C library was not built (no C compiler at install)
+        return None
+    return native
+
+
+def native_engine():
+    """native.py where samplers run on it (CPUs, its C library built, STABILIZER_NATIVE not 0), else None.
+    Read when a sampler is built (and by `reference_sample`)."""
+    if os.environ.get(NATIVE, "1") == "0" or jax.default_backend() != "cpu":
+        return None
+    return _native_module()
+
+
+def _flatten(prog: program.Program):
+    """(Flat, qubit rows, record rows) of a lowered program (`program.flatten`)."""
+    return program.flatten(prog.structure(), prog.tables(), prog.num_qubits, prog.num_measurements)
+
+
 def reference_sample(circuit: Circuit) -> np.ndarray:
     """A noiseless measurement record (random outcomes taken as 0), as Stim's `reference_sample`."""
     circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-    return _reference(program.lowered(circuit))
+    prog = program.lowered(circuit, sorted_collapses=True)
+    native = native_engine()
+    if native is not None:
+        return native.reference(native.Program(_flatten(prog)[0], prog.num_qubits, prog.num_measurements))
+    return _reference(prog)
 
 
 def _reference(prog: program.Program) -> np.ndarray:
+    """The reference shot on the tableau's JAX program."""
     rec = tableau.reference_record(prog.structure(), program.device_tables(prog), prog.num_qubits,
                                    prog.num_measurements)
     return np.asarray(rec, dtype=bool)
+
+
+def _seed_value(seed) -> int:
+    """The sampler's seed as an int: the given one, or fresh entropy (as Stim's samplers take without one)."""
+    if seed is None:
+        return int(np.random.SeedSequence().generate_state(1)[0])
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None, not {seed!r}")
+    return int(seed)
 
 
 # ---- the record (rows of bits, 32 shots a word) -> Stim's shot-major layouts ------------------------
@@ -228,23 +275,48 @@ class _Sampler:
 
     def __init__(self, circuit, *, seed: int | None = None):
         self.circuit = circuit if isinstance(circuit, Circuit) else Circuit(circuit)
-        self.program = program.lowered(self.circuit)
+        self.program = program.lowered(self.circuit, sorted_collapses=True)  # (Stim's reference sample)
         self._structure = self.program.structure()
         tables = self.program.tables()
         flat, self._qubit_rows, self._record_rows = program.flatten(self._structure, tables, self.program.num_qubits,
                                                                     self.program.num_measurements)
         self._limits = frames.noise_limits(flat.table)
         self._depth, self._ops = flat.depth, flat.ops
-        with jax.enable_x64(True):  # float64 noise probabilities, whatever the global setting
-            self._flat = jax.device_put(flat.table)  # (jnp.asarray compiles a program per shape and dtype)
-            self._tables = None  # the segments' tables, for frame_kernel (converted when first used)
+        self._flat_table, self._flat_device = flat.table, None  # (on the device when the JAX program first runs)
+        self._tables = None  # the segments' tables, for frame_kernel (converted when first used)
         self._tables_np = tables
-        self._key = jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
+        self._seed = _seed_value(seed)
+        self._jax_key = None
         self._calls = 0
+        native = native_engine()
+        self._native = None if native is None else native.Program(flat, self.program.num_qubits,
+                                                                  self.program.num_measurements)
+
+    @property
+    def engine(self) -> str:
+        """"native" (the C loops, CPUs) or "jax" (the JAX programs: the flat loop, or the GPU kernel)."""
+        return "jax" if self._native is None else "native"
+
+    @property
+    def _flat(self):
+        """The flat program's table on the device (float64 probabilities, whatever the global setting)."""
+        if self._flat_device is None:
+            with jax.enable_x64(True):
+                self._flat_device = jax.device_put(self._flat_table)  # (jnp.asarray compiles a program per shape)
+        return self._flat_device
+
+    @property
+    def _key(self):
+        if self._jax_key is None:
+            self._jax_key = jax.random.key(self._seed)
+        return self._jax_key
 
     def _output_table(self, lists: list[list[int]], invert=None) -> tuple:
-        """(index table, invert, rows) of an output: XORs of the listed record rows (`_index_table`),
-        flipped where invert; `rows` of the padded table's rows are real."""
+        """An output: XORs of the listed record rows, flipped where invert: for the JAX programs (index
+        table, invert, rows), `rows` of the padded table's rows real (`_index_table`); for the C loops a
+        native.Output."""
+        if self._native is not None:
+            return _native_module().output(lists, invert)
         idx = _index_table(lists, self._record_rows - 1)
         flips = np.zeros(len(idx), bool)
         flips[:len(lists)] = False if invert is None else invert
@@ -301,6 +373,10 @@ class _Sampler:
         layout (the chunks' padding columns cut off)."""
         if not isinstance(shots, (int, np.integer)) or isinstance(shots, bool) or shots < 0:
             raise ValueError(f"shots must be a non-negative int, got {shots!r}")
+        if self._native is not None:  # the C loops write the outputs in their layouts on the host
+            self._calls += 1
+            outs = _native_module().sample(self._native, list(tables), int(shots), bit_packed, (self._seed, self._calls))
+            return [jax.device_put(o) for o in outs] if on_device else outs
         shapes = [(shots, -(-rows // 8) if bit_packed else rows) for _, _, rows in tables]
         dtype = np.uint8 if bit_packed else np.bool_
         plan = self._plan(shots)
@@ -344,7 +420,8 @@ class CompiledMeasurementSampler(_Sampler):
     def __init__(self, circuit, *, seed: int | None = None, skip_reference_sample: bool = False):
         super().__init__(circuit, seed=seed)
         self.reference = (np.zeros(self.circuit.num_measurements, bool) if skip_reference_sample
-                          else _reference(self.program))
+                          else _reference(self.program) if self._native is None
+                          else _native_module().reference(self._native))
         m = self.program.num_measurements
         self._table = self._output_table([[i] for i in range(m)], self.reference)
         self._out_rows = m

@@ -43,6 +43,7 @@ def kernel_sampler(monkeypatch):
     no sampler traced the kernel."""
     traced = []
     run_segments = K.run_segments
+    monkeypatch.setenv(S.NATIVE, "0")  # on CPUs the samplers would run the C engine
     monkeypatch.setattr(F, "frame_engine", lambda kernel, words: KERNEL)
     monkeypatch.setattr(K, "run_segments", lambda *a, **k: traced.append(1) or run_segments(*a, **k))
     S._chunk.clear_cache()  # a program traced before the patch would not trace the kernel again

@@ -1,6 +1,9 @@
 """Samplers (stabilizer/frames/sampler.py): outcome distributions and detector rates equal Stim's within
 sampling noise, noiseless codes never fire, and outputs follow Stim's layouts: the bit-packed, bool
-and on-device outputs are the same shots, whatever the shot count and chunking."""
+and on-device outputs are the same shots, whatever the shot count and chunking. Where a property holds
+for every engine it is checked on both of a CPU's (the C engine, tests/stabilizer/frames/test_native.py,
+and the JAX programs, STABILIZER_NATIVE=0); the JAX programs' own properties (chunks, compiled programs
+shared between circuits) on the JAX programs."""
 
 from __future__ import annotations
 
@@ -23,6 +26,22 @@ stim = pytest.importorskip("stim")
 SHOTS = 4096
 
 
+@pytest.fixture(params=["native", "jax"])
+def engine(request, monkeypatch):
+    """Each engine the samplers have here: the C engine (CPUs with the library built) and the JAX programs."""
+    if request.param == "jax":
+        monkeypatch.setenv(S.NATIVE, "0")
+    elif S.native_engine() is None:
+        pytest.skip("the C engine runs on CPUs with its library built")
+    return request.param
+
+
+@pytest.fixture
+def jax_engine(monkeypatch):
+    """The samplers on the JAX programs (on CPUs the C engine would run them)."""
+    monkeypatch.setenv(S.NATIVE, "0")
+
+
 def _noisy(code: str, d: int, p: float):
     return stim.Circuit.generated(code, distance=d, rounds=d, after_clifford_depolarization=p,
                                   before_measure_flip_probability=p, after_reset_flip_probability=p,
@@ -31,7 +50,7 @@ def _noisy(code: str, d: int, p: float):
 
 @pytest.mark.parametrize("code", ["surface_code:rotated_memory_x", "surface_code:rotated_memory_z",
                                   "color_code:memory_xyz", "repetition_code:memory"])
-def test_noiseless_codes_never_fire(code):
+def test_noiseless_codes_never_fire(code, engine):
     c = stim.Circuit.generated(code, distance=3, rounds=3)
     dets, obs = compile_detector_sampler(Circuit(c), seed=0).sample(256, separate_observables=True)
     assert dets.shape == (256, c.num_detectors) and obs.shape == (256, c.num_observables)
@@ -40,7 +59,7 @@ def test_noiseless_codes_never_fire(code):
 
 
 @pytest.mark.parametrize("d", [3, 5, 7])
-def test_noisy_surface_code_rates_match_stim(d):
+def test_noisy_surface_code_rates_match_stim(d, engine):
     """Each detector's and the observable's firing rate within 5 sigma of Stim's (same shot count)."""
     check_surface_rates(d)
 
@@ -76,7 +95,7 @@ CIRCUITS = [
 
 
 @pytest.mark.parametrize("text", CIRCUITS)
-def test_outcome_distributions_match_stim(text):
+def test_outcome_distributions_match_stim(text, engine):
     """Mid-circuit measurement, reset, feedback and noise: total variation to Stim's samples within the
     noise of two 4096-shot samples (and far below what a wrong sign or basis would give)."""
     ours = compile_sampler(Circuit(text), seed=2).sample(SHOTS)
@@ -85,7 +104,7 @@ def test_outcome_distributions_match_stim(text):
     assert _tv(ours, theirs) < 3 * np.sqrt(k / SHOTS), (_tv(ours, theirs), k)
 
 
-def test_layouts_and_reproducibility():
+def test_layouts_and_reproducibility(engine):
     c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
     s = compile_detector_sampler(c, seed=7)
     d, o = s.sample(100, separate_observables=True)
@@ -112,7 +131,7 @@ def _packbits(a):
 
 @pytest.mark.parametrize("chunked,split", [(False, False), (True, False), (False, True)],
                          ids=["one chunk", "32-shot chunks", "host copies split over threads"])
-def test_packed_and_device_outputs_are_the_bool_shots(chunked, split, monkeypatch):
+def test_packed_and_device_outputs_are_the_bool_shots(chunked, split, monkeypatch, jax_engine):
     """For a fixed seed, bit_packed=True is np.packbits(bools, bitorder="little") bit for bit and
     on_device=True gives the same arrays, for shot counts that are not multiples of 8 or 32, in one
     chunk or in 32-shot chunks (the last one partial), with the host copies in one piece or split by
@@ -141,7 +160,7 @@ def test_packed_and_device_outputs_are_the_bool_shots(chunked, split, monkeypatc
     np.testing.assert_array_equal(np.asarray(compile_sampler(c, seed=6).sample(shots, on_device=True)), bools)
 
 
-def test_one_chunk_outputs_are_writable_arrays_of_their_own():
+def test_one_chunk_outputs_are_writable_arrays_of_their_own(engine):
     """A one-chunk sample is returned as a view of the chunk's host buffer, not a copy: it must be a
     writable, contiguous array that outlives the sampler and shares memory with nothing else (writing
     into one result changes neither another call's result nor a later sample)."""
@@ -163,7 +182,7 @@ def test_one_chunk_outputs_are_writable_arrays_of_their_own():
     np.testing.assert_array_equal(again.sample(300), want_second)
 
 
-def test_shot_counts_in_one_chunk_size_share_the_compiled_programs():
+def test_shot_counts_in_one_chunk_size_share_the_compiled_programs(jax_engine):
     """37 and 50 shots take the same 2-word chunk: the second call compiles neither the frame program
     nor the output layout (they are sized by the chunk, not the shot count)."""
     c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
@@ -185,7 +204,7 @@ def test_chunks_cover_the_shots_with_little_padding_and_blockable_sizes():
         assert S.chunk_words(shots, 64) == min(words, 64)
 
 
-def test_chunks_reserve_dense_draw_memory_only_where_the_program_draws_densely(monkeypatch):
+def test_chunks_reserve_dense_draw_memory_only_where_the_program_draws_densely(monkeypatch, jax_engine):
     """The same code with one probability above the sparse limit holds dense-draw code and gets
     smaller chunks where the scan runs the frames; without it the chunks are larger (the budget is the
     same). The GPU's frame kernel draws in registers: there both get the same chunks."""
@@ -201,7 +220,7 @@ def test_chunks_reserve_dense_draw_memory_only_where_the_program_draws_densely(m
         assert sparse._budget_words() == dense._budget_words()
 
 
-def test_a_call_runs_chunks_of_one_size(monkeypatch):
+def test_a_call_runs_chunks_of_one_size(monkeypatch, jax_engine):
     """However many chunks the budget makes, they share one word count (one compiled frame program a
     call) and cover every shot once, in order."""
     monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 16)
@@ -225,7 +244,7 @@ def test_outputs_are_shot_major_transposes_of_the_record():
     np.testing.assert_array_equal(np.asarray(S.shot_major(words, 70, 90, True)), _packbits(want))
 
 
-def test_samples_do_not_depend_on_the_global_x64_setting():
+def test_samples_do_not_depend_on_the_global_x64_setting(engine):
     """The frame program runs under jax.enable_x64 either way: the same seed gives the same shots."""
     c = Circuit(_noisy("repetition_code:memory", 3, 0.05))
     want = compile_detector_sampler(c, seed=9).sample(37)
@@ -234,7 +253,7 @@ def test_samples_do_not_depend_on_the_global_x64_setting():
     np.testing.assert_array_equal(got, want)
 
 
-def test_shots_beyond_one_chunk(monkeypatch):
+def test_shots_beyond_one_chunk(monkeypatch, jax_engine):
     """Chunking: with a tiny per-chunk budget the shots come in many chunks and rates are unchanged."""
     monkeypatch.setattr(S, "_CHUNK_BYTES", 1 << 10)
     c = Circuit("X_ERROR(0.25) 0\nM 0")
@@ -243,7 +262,7 @@ def test_shots_beyond_one_chunk(monkeypatch):
     assert abs(bits.mean() - 0.25) < 5 * np.sqrt(0.25 * 0.75 / 5000)
 
 
-def test_a_sweep_over_noise_compiles_nothing_after_its_first_circuit():
+def test_a_sweep_over_noise_compiles_nothing_after_its_first_circuit(jax_engine):
     """Circuits that differ in their noise strengths (a threshold sweep's tasks at one distance) share
     every compiled program: after the first, sampling them compiles nothing, and each one's detection
     rates are still its own (they grow with p)."""
@@ -260,7 +279,7 @@ def test_a_sweep_over_noise_compiles_nothing_after_its_first_circuit():
     assert rates[0] < rates[1] < rates[2], rates
 
 
-def test_circuits_of_one_size_bucket_share_the_frame_program():
+def test_circuits_of_one_size_bucket_share_the_frame_program(jax_engine):
     """The frame program is keyed by bucketed sizes and holds repeat counts and probabilities as data:
     memory experiments over 3 and 4 rounds (33 and 41 measurements) at two noise strengths give flat
     programs of one shape: the same compiled frame program (the output layout follows the detector
