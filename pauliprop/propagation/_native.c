@@ -55,16 +55,31 @@ static inline i64 weight(const u32 *word, i64 w) {
     return t;
 }
 
-static inline int anticommutes(const u32 *word, const u32 *gen, i64 w) {
+/* The lanes where G has a bit (x or z), listed in lanes; their number. Anticommutation and the product's sign
+ * are sums over lanes in which G's empty lanes add nothing: a generator on one or two qubits reads one or two
+ * lanes of each word, not all of them (5,000 qubits: 157 lanes). */
+static i64 gen_lanes(const u32 *gen, i64 w, i64 *lanes) {
+    i64 n = 0;
+    for (i64 l = 0; l < w; l++)
+        if (gen[l] | gen[w + l]) lanes[n++] = l;
+    return n;
+}
+
+static inline int anticommutes(const u32 *word, const u32 *gen, i64 w, const i64 *lanes, i64 nl) {
     u32 par = 0;
-    for (i64 l = 0; l < w; l++) par ^= (word[l] & gen[w + l]) ^ (word[w + l] & gen[l]);
+    for (i64 k = 0; k < nl; k++) {
+        i64 l = lanes[k];
+        par ^= (word[l] & gen[w + l]) ^ (word[w + l] & gen[l]);
+    }
     return (int)(pop(par) & 1);
 }
 
-/* s with i G P = s (P xor G) for anticommuting P and G (words.product_sign) */
-static inline double product_sign(const u32 *word, const u32 *gen, i64 w) {
+/* s with i G P = s (P xor G) for anticommuting P and G (words.product_sign; a lane where G is empty adds
+ * pop(x & z) - pop(x & z) = 0) */
+static inline double product_sign(const u32 *word, const u32 *gen, i64 w, const i64 *lanes, i64 nl) {
     i64 e = 0;
-    for (i64 l = 0; l < w; l++) {
+    for (i64 k = 0; k < nl; k++) {
+        i64 l = lanes[k];
         i64 x = word[l], z = word[w + l], gx = gen[l], gz = gen[w + l];
         e += pop(gx & gz) + pop(x & z) - pop((x ^ gx) & (z ^ gz)) + 2 * pop(gz & x);
     }
@@ -132,9 +147,10 @@ static inline void drop(u8 *gone, i32 *holes, i64 at, i64 i, double *dropped, in
 static inline int clifford_word(i64 dense, i64 start, i64 count, const i64 *cl_kind, const i64 *cl_qubits,
                                 const i64 *cl_table, const i64 *cl_sign, const u32 *cl_gens, const i64 *cl_turns,
                                 const u32 *map_tx, const u32 *map_tz, const i32 *map_te, u32 *word, i64 w, i64 *rx,
-                                i64 *rz, i64 weight_each, i64 max_weight, int *dead) {
+                                i64 *rz, const i64 *all_lanes, i64 weight_each, i64 max_weight, int *dead) {
     int negate = 0;
     *dead = 0;
+    i64 wt = 0; /* the word's weight, followed gate by gate where weight_each (a gate changes its qubits' part) */
     if (dense) { /* the run's dense map: a lookup a non-zero byte of the word */
         i64 e = 0, cross = 0, y = 0;
         for (i64 l = 0; l < w; l++) {
@@ -166,6 +182,7 @@ static inline int clifford_word(i64 dense, i64 start, i64 count, const i64 *cl_k
         }
         return ((e + 2 * pop(cross) - y) & 3) != 0;
     }
+    if (weight_each) wt = weight(word, w);
     for (i64 j = start; j < start + count; j++) {
         if (cl_kind[j] == TABLE) {
             i64 a = cl_qubits[2 * j], b = cl_qubits[2 * j + 1];
@@ -181,20 +198,24 @@ static inline int clifford_word(i64 dense, i64 start, i64 count, const i64 *cl_k
             word[lb] = (word[lb] & ~(UINT32_C(1) << sb)) | (u32)(((img >> 2) & 1) << sb);
             word[w + lb] = (word[w + lb] & ~(UINT32_C(1) << sb)) | (u32)(((img >> 3) & 1) << sb);
             if (cl_sign[16 * j + code] < 0) negate = !negate;
-        } else { /* a quarter turn of a generator on three or more qubits */
+            /* qubit b's bits are written last: for a one-qubit gate (a == b) they are qubit a's */
+            i64 now_b = ((img >> 2) & 1) | ((img >> 3) & 1);
+            wt += a == b ? now_b - (xa | za) : (((img & 1) | ((img >> 1) & 1)) + now_b - (xa | za) - (xb | zb));
+        } else { /* a quarter turn of a generator on three or more qubits (rare: its lanes listed here) */
             i64 k = ((cl_turns[j] % 4) + 4) % 4;
             const u32 *gen = cl_gens + j * 2 * w;
-            if (k == 0 || !anticommutes(word, gen, w)) continue;
+            if (k == 0 || !anticommutes(word, gen, w, all_lanes, w)) continue;
             if (k == 2) {
                 negate = !negate;
             } else {
-                double s = product_sign(word, gen, w);
+                double s = product_sign(word, gen, w, all_lanes, w);
                 if (k == 3) s = -s;
                 for (i64 l = 0; l < 2 * w; l++) word[l] ^= gen[l];
                 if (s < 0) negate = !negate;
+                if (weight_each) wt = weight(word, w);
             }
         }
-        if (weight_each && weight(word, w) > max_weight) {
+        if (weight_each && wt > max_weight) {
             *dead = 1;
             return negate;
         }
@@ -208,12 +229,14 @@ EXPORT void turning(i64 g, i64 part, i64 parts, const u32 *gens, const u32 *word
                     i64 buckets, i64 slots, i32 *turning_, i64 *turning_count, i64 w) {
     i64 cap = slots / buckets;
     const u32 *gen = gens + g * 2 * w;
+    i64 *lanes = (i64 *)malloc((size_t)w * sizeof(i64)), nl = gen_lanes(gen, w, lanes);
     for (i64 bucket = part * buckets / parts; bucket < (part + 1) * buckets / parts; bucket++) {
         i64 base = bucket * cap, t = 0;
         for (i64 i = base; i < base + bucket_count[bucket]; i++)
-            if (anticommutes(words + i * 2 * w, gen, w)) turning_[base + t++] = (i32)i;
+            if (anticommutes(words + i * 2 * w, gen, w, lanes, nl)) turning_[base + t++] = (i32)i;
         turning_count[bucket] = t;
     }
+    free(lanes);
 }
 
 /* 0 where every bucket has room for its words and every turning word of its partner bucket (P xor G lies in

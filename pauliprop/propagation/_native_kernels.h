@@ -31,7 +31,8 @@ EXPORT void NAME(clifford_unit)(i64 threads, i64 dense, i64 start, i64 count, co
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
     {
         double mine[3] = {0.0, 0.0, 0.0}; /* this thread's dropped norms */
-        i64 *rx = (i64 *)malloc(2 * (size_t)w * sizeof(i64)), *rz = rx + w;
+        i64 *rx = (i64 *)malloc(3 * (size_t)w * sizeof(i64)), *rz = rx + w, *all_lanes = rx + 2 * w;
+        for (i64 l = 0; l < w; l++) all_lanes[l] = l;
 #pragma omp for schedule(dynamic, 8)
         for (i64 bucket = 0; bucket < buckets; bucket++) {
             i64 base = bucket * cap, h = 0;
@@ -39,7 +40,7 @@ EXPORT void NAME(clifford_unit)(i64 threads, i64 dense, i64 start, i64 count, co
                 int dead = 0;
                 int negate = clifford_word(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens,
                                            cl_turns, map_tx, map_tz, map_te, words + i * 2 * w, w, rx, rz,
-                                           weight_each, max_weight, &dead);
+                                           all_lanes, weight_each, max_weight, &dead);
                 if (negate) coeffs[i] = -coeffs[i];
                 if (dead || (end_weight && weight(words + i * 2 * w, w) > max_weight)) {
                     drop(gone, holes, base + h, i, mine, 0, fabs((double)coeffs[i]));
@@ -126,6 +127,7 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
                         i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped) {
     i64 cap = slots / buckets, w2 = 2 * w;
     const u32 *gen = gens + g * w2;
+    i64 *lanes = (i64 *)malloc((size_t)w * sizeof(i64)), nl = gen_lanes(gen, w, lanes);
     i64 shift = bucket_of(gen, hashes, bits(buckets), w);
     i64 top = bits(shift + 1) - 1; /* the top set bit of shift: a pair's lower bucket has it clear */
     i64 pairs = shift ? buckets / 2 : buckets;
@@ -169,7 +171,7 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
                     if (same_canonical(wi, fi, wj, fj, gen, w2)) {
                         partner[i] = (i32)j;
                         partner[j] = (i32)i;
-                        double sign = product_sign(wj, gen, w);
+                        double sign = product_sign(wj, gen, w, lanes, nl);
                         CT c = coeffs[j], cq = coeffs[i];
                         i64 s = sins[j], sq = sins[i];
                         double mine = cos_ * c - sin_ * sign * cq, theirs = cos_ * cq + sin_ * sign * c;
@@ -205,7 +207,7 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
             const u32 *wi = words + i * w2;
             CT c = coeffs[i];
             i64 s = sins[i];
-            double sign = product_sign(wi, gen, w);
+            double sign = product_sign(wi, gen, w, lanes, nl);
             double mine = cos_ * c, spawn = sin_ * sign * c;
             coeffs[i] = (CT)mine;
             int rule = violates(mine, weight(wi, w), s, max_weight, min_abs, max_sins);
@@ -232,6 +234,7 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
             bucket_count[b] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base_b, bucket_count[b] + add_b, hb,
                                                 w2);
     }
+    free(lanes);
 }
 
 /* The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word.
