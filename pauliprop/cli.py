@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from .runtime import devices
+
 
 def _positive(text: str) -> int:
     """argparse type: an int >= 1."""
@@ -83,7 +85,7 @@ def _demo(args) -> int:
     trunc = pp.Truncation(min_abs_coeff=args.min_abs_coeff, max_weight=args.max_weight or None,
                           max_terms=args.max_terms)
     print(f"127-qubit kicked Ising, <{'Z62' if args.observable == 'z62' else 'M_z'}> after {steps} steps, "
-          f"{trunc}, backend {jax.default_backend()}", flush=True)
+          f"{trunc}, backend {devices.backend()}", flush=True)
     print(f"{'theta_h':>10} {'estimate':>12} {ref_name:>22} {'|error|':>10} {'peak terms':>10} {'seconds':>8}", flush=True)
     circuit = models.kicked_ising(steps, pp.Param(0))  # the angle is data: one program for every angle
     start = 1 << 14  # each angle starts where the last one ended: no recompilation in the loop

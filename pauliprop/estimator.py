@@ -17,10 +17,12 @@ does not: `pauliprop.Estimator` loads it on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import Iterable
 
+import jax
 import numpy as np
 
 try:
@@ -34,6 +36,7 @@ from .algebra.paulisum import PauliSum
 from .circuits.circuit import Circuit
 from .propagation.propagate import expectation
 from .propagation.truncation import Truncation
+from .runtime import devices
 
 METHODS = ("pauli", "statevector")
 OPTIONS = ("state", "capacity", "initial_capacity")  # passed on to pauliprop.expectation
@@ -50,7 +53,10 @@ class Estimator(BaseEstimatorV2):
     `pauliprop.expectation`: "state" (the initial product state, "0" by default), "capacity",
     "initial_capacity". default_precision: the precision pubs get when neither they nor `run` give
     one; it is reported in each result's metadata (target_precision) and adds no noise: the values
-    are deterministic.
+    are deterministic. device: where the estimates are computed, a `jax.Device` or a platform's name
+    ("cpu", "gpu"; None: JAX's default device); every pub runs under `jax.default_device(device)`, so
+    on a machine with a GPU `device="cpu"` runs on the host (there, concrete calls take the native CPU
+    engine).
 
     Each `PubResult` has `data.evs` and `data.stds` of the pub's broadcast shape (stds: the dropped
     1-norm, a bound on the truncation's error; 0 when nothing was dropped) and metadata with
@@ -59,7 +65,7 @@ class Estimator(BaseEstimatorV2):
     """
 
     def __init__(self, *, truncation: Truncation | None = None, method: str = "pauli", options: dict | None = None,
-                 default_precision: float = 0.0):
+                 default_precision: float = 0.0, device=None):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use 'pauli' or 'statevector'")
         if truncation is not None and not isinstance(truncation, Truncation):
@@ -74,6 +80,7 @@ class Estimator(BaseEstimatorV2):
             raise ValueError(f"default_precision must be >= 0, got {default_precision}")
         self._truncation, self._method, self._options = truncation, method, options
         self._default_precision = float(default_precision)
+        self._device = None if device is None else devices.resolve(device)
 
     @property
     def truncation(self) -> Truncation | None:
@@ -91,6 +98,11 @@ class Estimator(BaseEstimatorV2):
     def default_precision(self) -> float:
         return self._default_precision
 
+    @property
+    def device(self):
+        """The jax.Device the estimates are computed on (None: JAX's default device)."""
+        return self._device
+
     def run(self, pubs: Iterable, *, precision: float | None = None) -> PrimitiveJob:
         """Estimate every pub: a job whose result() is a PrimitiveResult of one PubResult a pub."""
         if precision is None:
@@ -103,11 +115,13 @@ class Estimator(BaseEstimatorV2):
     def _run(self, pubs: list[EstimatorPub]) -> PrimitiveResult:
         converted: dict[int, Circuit] = {}  # a circuit shared by several pubs converts once
         results = []
-        for pub in pubs:
-            key = id(pub.circuit)
-            if key not in converted:
-                converted[key] = Circuit.from_qiskit(pub.circuit)
-            results.append(self._run_pub(pub, converted[key]))
+        # (the job's thread: jax.default_device is set per thread)
+        with jax.default_device(self._device) if self._device is not None else contextlib.nullcontext():
+            for pub in pubs:
+                key = id(pub.circuit)
+                if key not in converted:
+                    converted[key] = Circuit.from_qiskit(pub.circuit)
+                results.append(self._run_pub(pub, converted[key]))
         return PrimitiveResult(results, metadata={"version": 2})
 
     def _run_pub(self, pub: EstimatorPub, circuit: Circuit) -> PubResult:
@@ -147,7 +161,7 @@ class Estimator(BaseEstimatorV2):
         b_index = np.broadcast_to(np.arange(batch).reshape(pshape), shape)
         evs, stds = evs_of[o_index, b_index], stds_of[o_index, b_index]
         metadata = {"target_precision": pub.precision, "circuit_metadata": qc.metadata, "method": self._method,
-                    "truncation": dataclasses.asdict(self._truncation or Truncation())}
+                    "truncation": dataclasses.asdict(self._truncation or Truncation()), "device": str(devices.device())}
         if self._method == "pauli":
             metadata["peak_terms"] = peak_of[o_index]
             metadata["final_terms"] = final_of[o_index]

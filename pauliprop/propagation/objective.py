@@ -24,6 +24,7 @@ from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
 from .propagate import CPU_COMPILER_OPTIONS, expectation, propagate
 from .truncation import Truncation
+from ..runtime import devices
 
 
 def expectation_fn(circuit: Circuit, observable: PauliSum, params0=None, *, state="0",
@@ -75,7 +76,7 @@ def expectation_fn(circuit: Circuit, observable: PauliSum, params0=None, *, stat
     f.capacity = capacity
     f.refit = refit
     # the usual step of an optimizer loop, compiled once (on CPUs with the engine's compiler options)
-    options = CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
+    options = CPU_COMPILER_OPTIONS if devices.backend() == "cpu" else None
     f.value_and_grad = jax.jit(jax.value_and_grad(f, has_aux=return_stats), compiler_options=options)
     f.__doc__ = f"<{observable!r}> after a {circuit.num_qubits}-qubit circuit; capacity {capacity}."
     return f

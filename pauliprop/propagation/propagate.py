@@ -42,6 +42,7 @@ from ..runtime import memory
 from ..runtime.compilation import Jitted
 from . import adjoint, engine, merge, program, schedule, tiled
 from .truncation import NO_TRUNCATION, OFF, RULES, Truncation
+from ..runtime import devices
 
 
 class PropagationStats(NamedTuple):
@@ -101,7 +102,7 @@ def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None
     """The circuit's program, steps, units and tables for this truncation's semantics, restricted to the
     light cone of an observable acting on the qubits of `support` (program.light_cone; None: every row).
     Cached on the circuit until it changes. layers: a layer of rotations is one unit (engine.layer_unit)."""
-    backend = backend or jax.default_backend()
+    backend = backend or devices.backend()
     weight_each = truncation.per == "gate" and truncation.max_weight is not None
     key = (len(circuit.instructions), truncation.per, weight_each, backend, layers, support)
     cache = getattr(circuit, "_program_cache", None)
@@ -188,7 +189,7 @@ def default_capacity(obs: PauliSum, truncation: Truncation, num_qubits: int | No
     else:
         want = min(64 * max(len(obs), 16), 4 ** min(n, 15))
         if n > 32 and not truncation.is_exact:
-            want = max(want, 1 << (14 if jax.default_backend() == "cpu" else 16))
+            want = max(want, 1 << (14 if devices.backend() == "cpu" else 16))
     return 1 << max(6, int(math.ceil(math.log2(max(want, len(obs), 1)))))
 
 
@@ -226,7 +227,7 @@ def _grown(buf: engine.Buffer, capacity: int) -> engine.Buffer:
     axis = np.ndim(buf.coeffs) - 1
     if np.shape(buf.coeffs)[axis] == capacity:
         return buf
-    if isinstance(buf.coeffs, jax.Array) and jax.default_backend() != "cpu":
+    if isinstance(buf.coeffs, jax.Array) and devices.backend() != "cpu":
         return _pad_slots(buf, capacity)
 
     def grow(a):
@@ -425,7 +426,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
     nothing new. The overflow's cut happens gate by gate, as under a trace (`_propagate_traced`):
     where the rotations ran as layers (GPUs), whose passes would cut in another order, the call
     runs again without them (layers: None picks engine.layers_for)."""
-    backend = jax.default_backend()
+    backend = devices.backend()
     layers = engine.layers_for(backend, truncation) if layers is None else layers
     low = lowered(circuit, truncation, backend, layers=layers, support=observable_support(obs))
     dtype = jnp.result_type(float)
@@ -554,7 +555,19 @@ def tiled_supported(circuit: Circuit, truncation: Truncation, params, capacity) 
         return False
     if params is not None and np.ndim(params) != 1:
         return False
-    return not any(ins.gate.name == "amplitude_damp" for ins in circuit.instructions)
+    return not _has_amplitude_damping(circuit)
+
+
+def _has_amplitude_damping(circuit: Circuit) -> bool:
+    """Whether the circuit damps amplitudes anywhere (cached on it until it changes: a 50,000-gate circuit's
+    scan cost 12 ms a call)."""
+    cache = getattr(circuit, "_program_cache", None)
+    if not isinstance(cache, dict):
+        cache = circuit._program_cache = {}
+    key = ("amplitude_damp", len(circuit.instructions))
+    if key not in cache:
+        cache[key] = any(ins.gate.name == "amplitude_damp" for ins in circuit.instructions)
+    return cache[key]
 
 
 # CPUs without the native engine: a run that can never hold more words than this (terms_bound: 8 qubits, or few
@@ -568,7 +581,7 @@ SMALL_RUN_BOUND = {"cpu": 1 << 16}
 def small_run_capacity(circuit: Circuit, obs: PauliSum, truncation: Truncation) -> int | None:
     """The loop engine's capacity for a first try at a small run (SMALL_RUN_BOUND), else None (also for
     a run of this circuit and observable that outgrew the try before: later calls go straight on)."""
-    backend = jax.default_backend()
+    backend = devices.backend()
     most = SMALL_RUN_BOUND.get(backend, 0)
     if not most or len(obs) > min(most, FAST_COMPILE_CAPACITY):
         return None
@@ -676,7 +689,7 @@ def _take_workspace(capacity: int, lanes: int, dtype) -> tiled.Work:
         work = _WORKSPACE.pop(key, None)
         _WORKSPACE.clear()
     if work is None:  # committed to the device as the program's outputs are (else a second call compiles again)
-        work = jax.device_put(_empty_work(capacity, lanes, np.dtype(dtype).name)(), jax.devices()[0])
+        work = jax.device_put(_empty_work(capacity, lanes, np.dtype(dtype).name)(), devices.device())
     return work
 
 
@@ -735,7 +748,7 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
     """A concrete call on the tiled engine: (value, PropagationStats, (x, z, coeffs) of the result when
     want_terms). One program runs the whole circuit; only a CPU run that outgrows its first buffers
     continues in a second, sized from the free memory. Past the memory: a MemoryError."""
-    backend = jax.default_backend()
+    backend = devices.backend()
     low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs))
     dtype = jnp.result_type(float)
     p = params_array(params, circuit.num_params, dtype)
@@ -803,7 +816,7 @@ def _native_module():
 
 def native_engine():
     """native.py where a concrete call runs on it (CPUs, its C library built, PAULIPROP_NATIVE not 0), else None."""
-    if jax.default_backend() != "cpu" or os.environ.get(NATIVE, "1") == "0":
+    if devices.backend() != "cpu" or os.environ.get(NATIVE, "1") == "0":
         return None
     return _native_module()
 
@@ -929,7 +942,7 @@ def _propagate_traced(circuit, observable, params, truncation, capacity, initial
     """Under a trace: a fixed capacity, and a loop of static trip counts that JAX differentiates."""
     if params is not None and _ndim(params) == 2:
         return jax.vmap(lambda q: _propagate_traced(circuit, observable, q, truncation, capacity, initial_capacity))(params)
-    backend = jax.default_backend()
+    backend = devices.backend()
     low = lowered(circuit, truncation, backend, support=observable_support(observable))
     dtype = jnp.result_type(float)
     cap = capacity or initial_capacity or default_capacity(observable, truncation)
@@ -954,8 +967,20 @@ def _propagate_static(T, buf, params, limits, *, cfg):
 # ---- expectation values, with reverse mode --------------------------------------------------------------
 
 def state_table(state, num_qubits: int, num_lanes: int):
+    """engine.overlap_table of the state, checked first; a state given as a string is kept (read-only) for the
+    next call (5,000 qubits: 25 ms a call to parse and pack)."""
+    if isinstance(state, str):
+        return _eigenstate_table(state, num_qubits, num_lanes)
     parse_state(state, num_qubits)  # fail before propagating
     return engine.overlap_table(state, num_qubits, num_lanes)
+
+
+@functools.lru_cache(maxsize=64)
+def _eigenstate_table(state: str, num_qubits: int, num_lanes: int) -> np.ndarray:
+    parse_state(state, num_qubits)
+    table = engine.overlap_table(state, num_qubits, num_lanes)
+    table.setflags(write=False)
+    return table
 
 
 def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
@@ -1000,7 +1025,7 @@ def expectation(circuit: Circuit, observable: PauliSum, params=None, state="0",
 
 
 def _traced_estimate(circuit, observable, params, truncation, capacity, initial_capacity, table):
-    backend = jax.default_backend()
+    backend = devices.backend()
     low = lowered(circuit, truncation, backend, support=observable_support(observable))
     dtype = jnp.result_type(float)
     cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))

@@ -103,6 +103,7 @@ from .propagate import (Lowered, as_sum, check_inputs, compiler_options, config,
                         lowered, merged_observable, next_capacity, observable_support, one_program_per_key,
                         operation_at, params_array, state_table)
 from .truncation import NO_TRUNCATION, OFF, Limits, Truncation, tie_type
+from ..runtime.devices import backend as current_backend
 
 AXIS = "terms"  # the mesh axis of the default mesh
 MIN_SLOTS = 64  # a shard's smallest capacity
@@ -619,7 +620,7 @@ def _setup(circuit, observable, state, truncation, mesh, capacity, initial_capac
         per = _shard_slots(initial_capacity, devices, "initial_capacity")
     else:
         per = max(MIN_SLOTS, default_capacity(observable, truncation))
-    backend = jax.default_backend()
+    backend = current_backend()
     dtype = jnp.result_type(float)
     return _Setup(mesh, devices, truncation, table, per, _bucket(bucket, per, devices), backend,
                   lowered(circuit, truncation, backend, layers=False, support=observable_support(observable)), dtype,

@@ -17,6 +17,7 @@ from jax import lax
 
 from ..runtime.batching import shared
 from ..runtime.prefix import count, first_set
+from ..runtime import devices
 
 # order of the dropped-norm entries in PropagationStats.dropped_norm
 RULES = ("max_weight", "min_abs_coeff", "max_sins", "max_terms", "overflow")
@@ -136,7 +137,7 @@ def keep_largest(magnitudes, mask, k, method: str | None = None, tiebreak=None, 
     The CPU methods are built from few, small kernels: each copy of the selection in a program costs
     its compilation (XLA:CPU compiles every fusion, about 20 ms each on one core).
     """
-    method = method or ("bucket" if jax.default_backend() == "cpu" else "bisect")
+    method = method or ("bucket" if devices.backend() == "cpu" else "bisect")
     if method not in ("bucket", "sort", "bisect"):
         raise ValueError(f"unknown keep_largest method {method!r}")
     bits = lax.bitcast_convert_type(magnitudes, jnp.uint64 if magnitudes.dtype == jnp.float64 else jnp.uint32)

@@ -29,6 +29,8 @@ import jax
 import numpy as np
 from jax.experimental import serialize_executable
 
+from . import devices
+
 NO_CACHE = "PAULIPROP_NO_CACHE"
 CACHE_DIR = "PAULIPROP_CACHE_DIR"
 
@@ -118,7 +120,7 @@ def _stored_path(key: tuple, options: dict | None, kw: dict, sig: tuple) -> Path
     folder = programs_directory()
     if folder is None:
         return None
-    backend = jax.default_backend()
+    backend = devices.backend()
     text = repr((key, sorted((options or {}).items()), sorted(kw.items()), str(sig[0]), sig[1],
                  _environment(backend)))
     return folder / (hashlib.sha256(text.encode()).hexdigest()[:40] + ".bin")

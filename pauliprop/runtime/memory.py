@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 
-import jax
+from . import devices
 
 
 def _stats() -> dict:
     try:
-        return jax.devices()[0].memory_stats() or {}
+        return devices.device().memory_stats() or {}
     except Exception:  # noqa: BLE001 - backends without memory stats (CPU)
         return {}
 

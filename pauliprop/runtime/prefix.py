@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import devices
+
 
 def on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
+    return devices.backend() == "cpu"
 
 
 def count(mask):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..circuits.circuit import Circuit, Instruction
+from ..runtime import devices
 from .passes import (ELEMENTWISE_WIDTH, MAX_ELEMENTWISE_WIDTH, apply_block, apply_matrix, block_layout, gate_matrix,
                      gemm_in_place, is_fixed)
 
@@ -345,8 +346,8 @@ def choose_plan(circuit: Circuit, pass_seconds: dict | None = None, dtype=jnp.co
     per process on the default device at min(n, COST_MODEL_QUBITS) qubits (the ratios between
     widths, not the absolute times, decide)."""
     if pass_seconds is None:
-        n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(jax.default_backend(), 20))
-        pass_seconds = dict(_device_pass_seconds(jax.default_backend(), n, jnp.dtype(dtype).name))
+        n = min(circuit.num_qubits, COST_MODEL_QUBITS.get(devices.backend(), 20))
+        pass_seconds = dict(_device_pass_seconds(devices.backend(), n, jnp.dtype(dtype).name))
     widths = sorted(w for w in pass_seconds if isinstance(w, int) and (max_width is None or w <= max_width))
     if not widths:
         raise ValueError(f"pass_seconds has no dense widths (at most {max_width})" if max_width else

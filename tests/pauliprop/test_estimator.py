@@ -156,10 +156,44 @@ def test_a_vqe_written_for_base_estimator_v2_runs_unchanged():
     ({"options": {"capcity": 8}}, "unknown option.*capcity"),
     ({"truncation": 0.1}, "pauliprop.Truncation"),
     ({"default_precision": -1.0}, "default_precision"),
+    ({"device": "nosuch"}, "device 'nosuch'"),
+    ({"device": 3}, "jax.Device or a platform's name"),
 ])
 def test_bad_settings_name_the_cause(kwargs, cause):
     with pytest.raises((ValueError, TypeError), match=cause):
         pp.Estimator(**kwargs)
+
+
+DEVICE_JOB = r"""
+import json, os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+from qiskit import QuantumCircuit
+from qiskit.circuit import Parameter
+import pauliprop as pp
+a = Parameter("a")
+qc = QuantumCircuit(3)
+qc.h(0); qc.cx(0, 1); qc.ry(a, 2); qc.rzz(0.3, 1, 2); qc.rx(2 * a, 0)
+pub = (qc, ["ZZI", "XIZ"], [[0.1], [0.7]])
+second = jax.devices()[1]
+on_second = pp.Estimator(device=second).run([pub]).result()[0]
+on_first = pp.Estimator().run([pub]).result()[0]
+print(json.dumps({"device": on_second.metadata["device"], "second": str(second), "default": on_first.metadata["device"],
+                  "first": str(jax.devices()[0]), "equal": bool(np.array_equal(on_second.data.evs, on_first.data.evs))}))
+"""
+
+
+def test_a_device_runs_the_pubs_there():
+    """Property: Estimator(device=d) computes under jax.default_device(d) (here the second of two CPU devices,
+    in a subprocess: JAX fixes its devices when it starts), with the default device's values."""
+    env = dict(__import__("os").environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", DEVICE_JOB], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert got["device"] == got["second"] != got["default"] == got["first"]
+    assert got["equal"]
 
 
 def test_importing_pauliprop_needs_no_qiskit():
