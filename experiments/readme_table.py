@@ -24,7 +24,9 @@ def _load(name: str) -> dict:
 
 def _where(d: dict) -> str:
     env = d.get("environment") or d.get("meta")
-    device = env["device_kind"] if env["jax_backend"] != "cpu" else f"{env['cpu_count']}-core {env['cpu_model']}"
+    cores = env["cpu_count"] if env.get("cpu_affinity") in (None, env["cpu_count"]) else \
+        f"{env['cpu_affinity']} of the {env['cpu_count']}"
+    device = env["device_kind"] if env["jax_backend"] != "cpu" else f"{cores} cores of an {env['cpu_model']}"
     return f"{device.replace('NVIDIA ', '').replace(' 80GB HBM3', '')}, {env['date_utc'][:10]}"
 
 
@@ -60,6 +62,18 @@ def rows() -> list[list[str]]:
         for process in ("empty cache", "filled cache"):
             out.append(_row(f"{what}, first call in a fresh process, {process.replace('cache', 'compilation cache')}",
                             d, rec("ours", case, process)["first_call_s"], name, peer, [f]))
+    # ours on two CPU cores (the native engine's C loops) beside paulistrings-rs on the same two cores: the
+    # issue's CPU bounds (warm at most its time, a first call on an empty cache at most twice its first)
+    f = "native_peers_xeon2_2026-11-29_c.json"
+    d = _load(f)
+    for case, what in (("KI theta_h=pi/4", "kicked Ising at pi/4"), ("KI theta_h=pi/8", "kicked Ising at pi/8"),
+                       ("2D Ising L=4", "2D Ising 4x4")):
+        peer = rec("paulistrings", case)
+        out.append(_row(f"{what} on 2 CPU cores, warm", d, rec("ours", case, "empty cache")["warm_call_s"],
+                        "paulistrings-rs (2 cores)", peer["warm_call_s"], [f]))
+        out.append(_row(f"{what} on 2 CPU cores, first call in a fresh process, empty cache", d,
+                        rec("ours", case, "empty cache")["first_call_s"], "paulistrings-rs (2 cores)",
+                        peer["first_call_s"], [f]))
     f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)
     ours, peer, runs = d["ours"], d["cupauliprop"], d["fresh_runs"]
