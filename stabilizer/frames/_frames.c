@@ -614,6 +614,92 @@ static int measure_z(tableau_t *t, i64 q) {
     return 0;
 }
 
+/* ---- many random measurements: the tableau transposed -------------------------------------------------------- *
+ * A collapse appends a CX fan-out, H or H_YZ and X on the pivot's column: row-major, every row's words pass through
+ * a prefix-XOR (2n rows x w words); transposed (column q: its bit in each of the 2n rows, `rw` words) each CX is
+ * three word operations on two columns (Stim's TableauTransposedRaii). A MEASURE op that meets a random outcome
+ * with TRANSPOSE_MIN or more of its slots left measures them on the transposed tableau (one transpose there and
+ * back). */
+#define TRANSPOSE_MIN 8
+
+typedef struct {
+    i64 n, rw;
+    u64 *xs, *zs, *signs; /* (n, rw) columns; signs: (rw,) one bit a row */
+} columns_t;
+
+/* rows (2n, w) -> columns (n, rw), or back (to_rows), 64 x 64 bits at a time */
+static void transpose_tableau(tableau_t *t, columns_t *c, int to_rows) {
+    const i64 n = t->n, w = t->w, rows = 2 * n;
+    u64 block[64];
+    for (int plane = 0; plane < 2; plane++) {
+        u64 *r = plane ? t->zs : t->xs, *col = plane ? c->zs : c->xs;
+        for (i64 rb = 0; rb < c->rw; rb++)
+            for (i64 qb = 0; qb < w; qb++) {
+                if (!to_rows) {
+                    for (int i = 0; i < 64; i++) block[i] = rb * 64 + i < rows ? r[(rb * 64 + i) * w + qb] : 0;
+                    transpose64(block);
+                    for (int i = 0; i < 64 && qb * 64 + i < n; i++) col[(qb * 64 + i) * c->rw + rb] = block[i];
+                } else {
+                    for (int i = 0; i < 64; i++) block[i] = qb * 64 + i < n ? col[(qb * 64 + i) * c->rw + rb] : 0;
+                    transpose64(block);
+                    for (int i = 0; i < 64 && rb * 64 + i < rows; i++) r[(rb * 64 + i) * w + qb] = block[i];
+                }
+            }
+    }
+    if (!to_rows) {
+        memset(c->signs, 0, sizeof(u64) * (size_t)c->rw);
+        for (i64 i = 0; i < rows; i++) c->signs[i / 64] |= (u64)t->signs[i] << (i % 64);
+    } else {
+        for (i64 i = 0; i < rows; i++) t->signs[i] = (u8)((c->signs[i / 64] >> (i % 64)) & 1);
+    }
+}
+
+/* measure_z on the transposed tableau (the same rule, the same pivot and outcome) */
+static int measure_z_columns(columns_t *c, i64 q) {
+    const i64 n = c->n, rw = c->rw, r = n + q, rword = r / 64;
+    const u64 rbit = 1ULL << (r % 64);
+    i64 pivot = -1;
+    for (i64 j = 0; j < n; j++)
+        if (c->xs[j * rw + rword] & rbit) {
+            pivot = j;
+            break;
+        }
+    if (pivot < 0) return (int)((c->signs[rword] >> (r % 64)) & 1);
+    u64 *xp = c->xs + pivot * rw, *zp = c->zs + pivot * rw, *sg = c->signs;
+    for (i64 k = pivot + 1; k < n; k++) { /* CX(pivot, k) appended, in order (each row's sign as the CNOT rule) */
+        u64 *xk = c->xs + k * rw, *zk = c->zs + k * rw;
+        if (!(xk[rword] & rbit)) continue;
+        for (i64 i = 0; i < rw; i++) {
+            sg[i] ^= xp[i] & zk[i] & ~(xk[i] ^ zp[i]);
+            xk[i] ^= xp[i];
+            zp[i] ^= zk[i];
+        }
+    }
+    if (zp[rword] & rbit) { /* H_YZ: X -> -X, Y <-> Z */
+        for (i64 i = 0; i < rw; i++) {
+            sg[i] ^= xp[i] & ~zp[i];
+            xp[i] ^= zp[i];
+        }
+    } else { /* H: X <-> Z, Y -> -Y */
+        for (i64 i = 0; i < rw; i++) {
+            u64 x = xp[i];
+            sg[i] ^= x & zp[i];
+            xp[i] = zp[i];
+            zp[i] = x;
+        }
+    }
+    if (sg[rword] & rbit) /* X at the start of time: outcome 0 */
+        for (i64 i = 0; i < rw; i++) sg[i] ^= zp[i];
+    return 0;
+}
+
+static inline int is_random(const tableau_t *t, i64 q) {
+    const u64 *row = t->xs + (t->n + q) * t->w;
+    for (i64 k = 0; k < t->w; k++)
+        if (row[k]) return 1;
+    return 0;
+}
+
 /* The noiseless record of the flat program (see the file's comment) into record (records bytes, 0 or 1).
  * image, sign: (gates, 16) Heisenberg images and signs of the gate catalogue. Returns 0, -1 where the tableau
  * could not be allocated, -2 where a gate's tables gave a non-Hermitian row. */
@@ -628,6 +714,7 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
     t.signs = calloc((size_t)(2 * n + 1), 1);
     t.scratch = malloc(sizeof(u64) * (size_t)(8 * w));
     i32 *loops = calloc((size_t)(depth > 0 ? depth : 1), sizeof(i32));
+    columns_t cols = {0, 0, NULL, NULL, NULL}; /* allocated when a MEASURE op first needs them */
     i64 status = 0;
     if (!t.xs || !t.zs || !t.signs || !t.scratch || !loops) {
         status = -1;
@@ -654,15 +741,38 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
                 }
             }
             break;
-        case MEASURE:
+        case MEASURE: {
+            int transposed = 0;
             for (int j = 0; j < k; j++) {
                 const i32 *s = sl + SLOT * j;
-                int outcome = measure_z(&t, s[0]);
+                if (!transposed && k - j >= TRANSPOSE_MIN && is_random(&t, s[0])) {
+                    if (!cols.xs) {
+                        cols.n = n;
+                        cols.rw = (2 * n + 63) / 64;
+                        cols.xs = malloc(sizeof(u64) * (size_t)(n * cols.rw));
+                        cols.zs = malloc(sizeof(u64) * (size_t)(n * cols.rw));
+                        cols.signs = malloc(sizeof(u64) * (size_t)cols.rw);
+                        if (!cols.xs || !cols.zs || !cols.signs) {
+                            status = -1;
+                            goto done;
+                        }
+                    }
+                    transpose_tableau(&t, &cols, 0);
+                    transposed = 1;
+                }
+                int outcome = transposed ? measure_z_columns(&cols, s[0]) : measure_z(&t, s[0]);
                 if (op[3] > 0 && s[2] >= 0 && base + s[2] < records)
                     record[base + s[2]] = (u8)(outcome ^ ((s[3] & F_INVERT) ? 1 : 0));
-                if ((s[3] & F_RESET) && outcome) t.signs[n + s[0]] ^= 1; /* X: negates T(Z_q) */
+                if ((s[3] & F_RESET) && outcome) { /* X: negates T(Z_q) */
+                    if (transposed)
+                        cols.signs[(n + s[0]) / 64] ^= 1ULL << ((n + s[0]) % 64);
+                    else
+                        t.signs[n + s[0]] ^= 1;
+                }
             }
+            if (transposed) transpose_tableau(&t, &cols, 1);
             break;
+        }
         case FEEDBACK:
             for (int j = 0; j < k; j++) {
                 const i32 *s = sl + SLOT * j;
@@ -694,6 +804,9 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
         pc++;
     }
 done:
+    free(cols.xs);
+    free(cols.zs);
+    free(cols.signs);
     free(t.xs);
     free(t.zs);
     free(t.signs);

@@ -142,6 +142,31 @@ def test_reference_equals_stims_and_noiseless_shots_are_determined(seed):
     np.testing.assert_array_equal(ours[:, fixed], np.broadcast_to(theirs[0, fixed], ours[:, fixed].shape))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_reference_of_many_random_measurements_equals_stims(seed):
+    """Measurement ops of 8 or more slots that meet a random outcome collapse on the transposed tableau
+    (_frames.c, TRANSPOSE_MIN): after random layers on 70 qubits (row and column words cross 64), measure-all
+    ops in Z, X and Y with inverted targets and resets, one whose first targets are determined, and a
+    second round on the collapsed state give Stim's reference sample."""
+    rng = np.random.default_rng(seed)
+    n = 70
+    lines = []
+    for _ in range(6):
+        perm = rng.permutation(n)
+        for a, b in perm[:40].reshape(-1, 2):
+            lines.append(f"{['CX', 'CZ', 'ISWAP', 'SQRT_XX', 'CY'][rng.integers(5)]} {a} {b}")
+        lines += [f"{['H', 'S', 'SQRT_X', 'C_XYZ', 'H_YZ'][rng.integers(5)]} {q}" for q in perm[40:]]
+    targets = lambda qs: " ".join(("!" if rng.random() < 0.3 else "") + str(q) for q in qs)
+    order = rng.permutation(n)
+    flips = " ".join(map(str, rng.permutation(n)[:35]))  # the collapsed basis state's bits: signs matter below
+    pairs = " ".join(map(str, rng.permutation(n)[:40]))
+    text = "\n".join(lines + [f"M {targets(range(5))}", f"MR {targets(order[:35])}", f"MX {targets(range(30, 60))}",
+                               f"MY {targets(order[35:])}", f"M {targets(range(n))}", f"X {flips}\nCX {pairs}",
+                               "H 3 7 11 40\nS 7\nCX 3 4 7 8 11 12 40 41\nH 11", f"M {targets(range(n))}",
+                               f"MX {targets(range(n))}"])
+    np.testing.assert_array_equal(S.reference_sample(Circuit(text)), stim.Circuit(text).reference_sample())
+
+
 @pytest.mark.parametrize("code,d", [("surface_code:rotated_memory_x", 5), ("surface_code:rotated_memory_z", 7),
                                     ("surface_code:unrotated_memory_z", 3), ("color_code:memory_xyz", 5),
                                     ("repetition_code:memory", 9)])
