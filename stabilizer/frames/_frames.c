@@ -107,8 +107,8 @@ static inline u64 rng_next(rng_t *r) {
     return result;
 }
 
-static inline double uniform_open0(rng_t *r) { return ((rng_next(r) >> 11) + 1) * 0x1.0p-53; } /* (0, 1] */
-static inline double uniform(rng_t *r) { return (rng_next(r) >> 11) * 0x1.0p-53; }              /* [0, 1) */
+static inline double uniform_open0(rng_t *r) { return ((rng_next(r) >> 11) + 1) * (1.0 / 9007199254740992.0); } /* (0, 1] */
+static inline double uniform(rng_t *r) { return (rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }              /* [0, 1) */
 
 /* ---- noise: which bit positions an event hits ---------------------------------------------------------------- */
 
