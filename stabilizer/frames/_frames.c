@@ -715,8 +715,9 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
     t.scratch = malloc(sizeof(u64) * (size_t)(8 * w));
     i32 *loops = calloc((size_t)(depth > 0 ? depth : 1), sizeof(i32));
     columns_t cols = {0, 0, NULL, NULL, NULL}; /* allocated when a MEASURE op first needs them */
+    u8 *random0 = malloc((size_t)(width > 0 ? width : 1)); /* a MEASURE op's slots: random when it starts */
     i64 status = 0;
-    if (!t.xs || !t.zs || !t.signs || !t.scratch || !loops) {
+    if (!t.xs || !t.zs || !t.signs || !t.scratch || !loops || !random0) {
         status = -1;
         goto done;
     }
@@ -742,10 +743,14 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
             }
             break;
         case MEASURE: {
-            int transposed = 0;
+            /* a measurement determined when the op starts stays determined through the op's collapses (its
+             * Z_q commutes with every measured Z, and a reset's X changes no determinism): only the others
+             * can need a collapse, and only they count towards transposing */
+            int transposed = 0, left = 0;
+            for (int j = 0; j < k; j++) left += random0[j] = (u8)is_random(&t, sl[SLOT * j]);
             for (int j = 0; j < k; j++) {
                 const i32 *s = sl + SLOT * j;
-                if (!transposed && k - j >= TRANSPOSE_MIN && is_random(&t, s[0])) {
+                if (!transposed && random0[j] && left >= TRANSPOSE_MIN) {
                     if (!cols.xs) {
                         cols.n = n;
                         cols.rw = (2 * n + 63) / 64;
@@ -760,7 +765,11 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
                     transpose_tableau(&t, &cols, 0);
                     transposed = 1;
                 }
-                int outcome = transposed ? measure_z_columns(&cols, s[0]) : measure_z(&t, s[0]);
+                const i64 r = n + s[0];
+                int outcome = !transposed ? measure_z(&t, s[0])
+                              : random0[j] ? measure_z_columns(&cols, s[0])
+                                           : (int)((cols.signs[r / 64] >> (r % 64)) & 1);
+                left -= random0[j];
                 if (op[3] > 0 && s[2] >= 0 && base + s[2] < records)
                     record[base + s[2]] = (u8)(outcome ^ ((s[3] & F_INVERT) ? 1 : 0));
                 if ((s[3] & F_RESET) && outcome) { /* X: negates T(Z_q) */
@@ -804,6 +813,7 @@ EXPORT i64 reference_record(i64 ops, i64 width, i64 num_qubits, i64 records, i64
         pc++;
     }
 done:
+    free(random0);
     free(cols.xs);
     free(cols.zs);
     free(cols.signs);
