@@ -52,6 +52,16 @@ typedef uint8_t u8;
 
 enum { GATE = 0, MEASURE = 1, NOISE = 2, CORRELATED = 3, FEEDBACK = 4, MPAD = 5 }; /* program.py's op kinds */
 enum { F_RESET = 1, F_PX = 2, F_PZ = 4, F_INVERT = 8 };                            /* a slot's flags */
+
+/* The slot's Pauli (its F_PX / F_PZ flags) applied to the shots whose bits are set in `bits` (cw words): a correlated
+ * error where it fires, a feedback gate where its record bit is 1. */
+static inline void xor_pauli(u64 *x, u64 *z, const i32 *s, i64 cw, const u64 *bits) {
+    u64 *xa = x + s[0] * cw, *za = z + s[0] * cw;
+    if (s[3] & F_PX)
+        for (i64 w = 0; w < cw; w++) xa[w] ^= bits[w];
+    if (s[3] & F_PZ)
+        for (i64 w = 0; w < cw; w++) za[w] ^= bits[w];
+}
 enum { PROG = 8, SLOT = 4, EVENTS = 15 };
 #define DENSE_MIN 0.25 /* a total probability above it is drawn bit by bit (one uniform a bit) */
 
@@ -335,14 +345,7 @@ static void run_chunk(const frames_args *a, chunk_buffers *b, rng_t *rng, i64 cw
                     chain[w] = fire[w];
                 }
             }
-            for (int j = 0; j < n; j++) {
-                const i32 *s = sl + SLOT * j;
-                u64 *xa = x + s[0] * cw, *za = z + s[0] * cw;
-                if (s[3] & F_PX)
-                    for (i64 w = 0; w < cw; w++) xa[w] ^= fire[w];
-                if (s[3] & F_PZ)
-                    for (i64 w = 0; w < cw; w++) za[w] ^= fire[w];
-            }
+            for (int j = 0; j < n; j++) xor_pauli(x, z, sl + SLOT * j, cw, fire);
             break;
         }
         case FEEDBACK: {
@@ -350,12 +353,7 @@ static void run_chunk(const frames_args *a, chunk_buffers *b, rng_t *rng, i64 cw
                 const i32 *s = sl + SLOT * j;
                 i64 row = base - s[2];
                 if (row < 0 || row >= a->records) continue;
-                const u64 *m = record + row * cw;
-                u64 *xa = x + s[0] * cw, *za = z + s[0] * cw;
-                if (s[3] & F_PX)
-                    for (i64 w = 0; w < cw; w++) xa[w] ^= m[w];
-                if (s[3] & F_PZ)
-                    for (i64 w = 0; w < cw; w++) za[w] ^= m[w];
+                xor_pauli(x, z, s, cw, record + row * cw);
             }
             break;
         }
