@@ -97,6 +97,15 @@ def observable_support(obs: PauliSum) -> int | None:
     return sum(int(bits) << (32 * lane) for lane, bits in enumerate(np.atleast_1d(acts).tolist()))
 
 
+def _circuit_cache(circuit: Circuit) -> dict:
+    """What pauliprop keeps on a circuit (its lowered programs, facts about its gates), keyed by its length among
+    the rest: the circuit drops it when it changes."""
+    cache = getattr(circuit, "_program_cache", None)
+    if not isinstance(cache, dict):
+        cache = circuit._program_cache = {}
+    return cache
+
+
 def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None, layers: bool = False,
             support: int | None = None) -> Lowered:
     """The circuit's program, steps, units and tables for this truncation's semantics, restricted to the
@@ -105,9 +114,7 @@ def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None
     backend = backend or devices.backend()
     weight_each = truncation.per == "gate" and truncation.max_weight is not None
     key = (len(circuit.instructions), truncation.per, weight_each, backend, layers, support)
-    cache = getattr(circuit, "_program_cache", None)
-    if not isinstance(cache, dict):
-        cache = circuit._program_cache = {}
+    cache = _circuit_cache(circuit)
     if key not in cache:
         whole = cache.get("program")
         if whole is None or whole[0] != len(circuit.instructions):
@@ -561,9 +568,7 @@ def tiled_supported(circuit: Circuit, truncation: Truncation, params, capacity) 
 def _has_amplitude_damping(circuit: Circuit) -> bool:
     """Whether the circuit damps amplitudes anywhere (cached on it until it changes: a 50,000-gate circuit's
     scan cost 12 ms a call)."""
-    cache = getattr(circuit, "_program_cache", None)
-    if not isinstance(cache, dict):
-        cache = circuit._program_cache = {}
+    cache = _circuit_cache(circuit)
     key = ("amplitude_damp", len(circuit.instructions))
     if key not in cache:
         cache[key] = any(ins.gate.name == "amplitude_damp" for ins in circuit.instructions)
@@ -587,7 +592,7 @@ def small_run_capacity(circuit: Circuit, obs: PauliSum, truncation: Truncation) 
         return None
     low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs))
     bound = terms_bound(low, len(obs))
-    if bound > most or circuit._program_cache.get(_outgrown_key(circuit, obs, truncation)):
+    if bound > most or _circuit_cache(circuit).get(_outgrown_key(circuit, obs, truncation)):
         return None
     return min(1 << max(6, (bound - 1).bit_length()), default_capacity(obs, truncation))
 
@@ -615,7 +620,7 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
                                outgrow=False)
         if not run:
             if small:
-                circuit._program_cache[_outgrown_key(circuit, obs, truncation)] = True
+                _circuit_cache(circuit)[_outgrown_key(circuit, obs, truncation)] = True
             if native_batch:
                 return _drive_native_batch(circuit, obs, params, truncation, max_capacity, table)
             if native_engine() is not None:
