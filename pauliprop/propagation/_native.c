@@ -261,6 +261,60 @@ EXPORT void count_buckets(const u32 *words, const i64 *bucket_count, i64 buckets
             out[bucket_of(words + i * 2 * w, hashes, k, w)]++;
 }
 
+/* schedule.py's unit kinds (native.py checks that they agree) */
+enum { U_MERGE, U_CLIFFORD, U_SPLIT, U_CHANNEL, U_TRUNCATE, U_NOOP, U_LAYER };
+#define OFF (INT64_C(1) << 30) /* truncation.OFF: a weight or sine limit that never binds */
+
+/* A lowered circuit's tables (native.Tables), laid out as native.py's ctypes Structure _CircuitTables: each
+ * field 8 bytes, in this order. */
+typedef struct {
+    i64 units, lanes;
+    const i64 *unit_kind, *unit_start, *unit_count;
+    const u8 *unit_dense, *unit_defer;
+    const i64 *cl_kind, *cl_qubits, *cl_table, *cl_sign;
+    const u32 *cl_gens;
+    const i64 *cl_turns;
+    const u32 *map_tx, *map_tz;
+    const i32 *map_te;
+    const u32 *rot_gens;
+    const i64 *ch_qubit;
+    const double *ch_factor;
+} circuit_tables;
+
+/* A run's buffers (native.Workspace), laid out as native.py's ctypes Structure _Workspace. */
+typedef struct {
+    u32 *words;
+    void *coeffs; /* the coefficient type's array */
+    i32 *sins;
+    u8 *gone;
+    i32 *holes, *partner, *turning;
+    i64 *table, *count, *turning_count;
+    i64 buckets, slots, table_size;
+} workspace;
+
+/* The first k bucket functionals through Clifford unit u, so that its words stay in their buckets: a functional
+ * f on the words before the run is f' = S M S f after it (S swaps the x and z halves; M^-1 = S M^T S for the
+ * symplectic bit map M of the run), so bucket_of(M P) under f' is bucket_of(P) under f. Each row goes through the
+ * run as a word would (no rule). hashes: (rows, 2W), updated in place. */
+static void follow(const circuit_tables *t, i64 u, u32 *hashes, i64 k) {
+    i64 w = t->lanes;
+    if (k == 0) return;
+    i64 *rx = (i64 *)malloc(3 * (size_t)w * sizeof(i64)), *rz = rx + w, *all_lanes = rx + 2 * w;
+    u32 *row = (u32 *)malloc(2 * (size_t)w * sizeof(u32));
+    for (i64 l = 0; l < w; l++) all_lanes[l] = l;
+    for (i64 r = 0; r < k; r++) {
+        u32 *f = hashes + r * 2 * w;
+        int dead;
+        for (i64 l = 0; l < w; l++) row[l] = f[w + l], row[w + l] = f[l];
+        clifford_word(t->unit_dense[u], t->unit_start[u], t->unit_count[u], t->cl_kind, t->cl_qubits, t->cl_table,
+                      t->cl_sign, t->cl_gens, t->cl_turns, t->map_tx, t->map_tz, t->map_te, row, w, rx, rz, all_lanes,
+                      0, OFF, &dead);
+        for (i64 l = 0; l < w; l++) f[l] = row[w + l], f[w + l] = row[l];
+    }
+    free(rx);
+    free(row);
+}
+
 #define CT double
 #define NAME(f) f##_f64
 #include "_native_kernels.h"
@@ -272,6 +326,12 @@ EXPORT void count_buckets(const u32 *words, const i64 *bucket_count, i64 buckets
 #include "_native_kernels.h"
 #undef CT
 #undef NAME
+
+/* schedule.py's unit kinds as this library numbers them (native.py checks them at import) */
+EXPORT void unit_kinds(i64 *out) {
+    out[0] = U_MERGE, out[1] = U_CLIFFORD, out[2] = U_SPLIT, out[3] = U_CHANNEL, out[4] = U_TRUNCATE, out[5] = U_NOOP;
+    out[6] = U_LAYER;
+}
 
 /* 1 where the library was built with OpenMP (rotations_threads runs on several threads), else 0 */
 EXPORT i64 openmp(void) {

@@ -305,6 +305,84 @@ EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *r
 #endif
 }
 
+/* The units from `unit` (rotation `step` of it) on the live words of ws: the whole unit loop in one call (the
+ * GIL released throughout). hashes: the bucket functionals (rows of 2W), which follow the words through the
+ * Clifford units (the first log2(buckets) rows, updated in place). Limits: OFF / 0.0 / OFF where a rule is off.
+ * Writes the live terms after each unit into unit_terms and adds the 1-norm each rule dropped into dropped. A
+ * unit runs on `threads` threads from thread_min live words (a rotation on at most one thread a bucket pair).
+ * out: (the next unit (units: done), the rotation of it to resume at, the slots a bucket of that rotation needs
+ * (0: done; nothing of it written), the most live words after any unit or rotation, the most threads a unit ran
+ * on). */
+EXPORT void NAME(run)(const circuit_tables *t, workspace *ws, u32 *hashes, i64 unit, i64 step, const CT *cos_,
+                      const CT *sin_, i64 max_weight, double min_abs, i64 max_sins, i64 per_layer, i64 weight_each,
+                      i64 threads, i64 thread_min, i32 *unit_terms, double *dropped, i64 peak, i64 *out) {
+    i64 w = t->lanes, n = 0, most_threads = 1;
+    CT *coeffs = (CT *)ws->coeffs;
+    i64 *tables = NULL;
+    double *drops = NULL;
+    if (threads > 1) { /* each thread's pair table (left empty after each pair) and dropped norms */
+        tables = (i64 *)malloc((size_t)(threads * ws->table_size) * sizeof(i64));
+        drops = (double *)calloc(3 * (size_t)threads, sizeof(double));
+        for (i64 i = 0; i < threads * ws->table_size; i++) tables[i] = -1;
+    }
+    for (i64 b = 0; b < ws->buckets; b++) n += ws->count[b];
+    out[1] = 0, out[2] = 0;
+    for (i64 u = unit; u < t->units; u++) {
+        i64 kind = t->unit_kind[u], start = t->unit_start[u], count = t->unit_count[u];
+        i64 parts = n >= thread_min ? threads : 1;
+        /* the rules this unit applies (tiled.end_rules; a rotation's own unless its step defers them) */
+        i64 lw = max_weight, ls = max_sins;
+        double lc = min_abs;
+        if ((kind == U_SPLIT || kind == U_LAYER) && t->unit_defer[u]) lw = OFF, lc = 0.0, ls = OFF;
+        else if (kind == U_CHANNEL && !per_layer) lw = OFF, ls = OFF;
+        if (kind == U_CLIFFORD) {
+            NAME(clifford_unit)(parts, t->unit_dense[u], start, count, t->cl_kind, t->cl_qubits, t->cl_table,
+                                t->cl_sign, t->cl_gens, t->cl_turns, t->map_tx, t->map_tz, t->map_te, ws->words, coeffs,
+                                ws->sins, ws->gone, ws->holes, ws->count, ws->buckets, ws->slots, w, weight_each,
+                                !weight_each, max_weight, dropped);
+            follow(t, u, hashes, bits(ws->buckets));
+        } else if (kind == U_CHANNEL) {
+            NAME(channel_unit)(parts, start, count, t->ch_qubit, t->ch_factor, ws->words, coeffs, ws->sins, ws->gone,
+                               ws->holes, ws->count, ws->buckets, ws->slots, w, lw, lc, ls, dropped);
+        } else if (kind == U_TRUNCATE) {
+            NAME(rules_unit)(parts, ws->words, coeffs, ws->sins, ws->gone, ws->holes, ws->count, ws->buckets, ws->slots,
+                             w, lw, lc, ls, dropped);
+        } else if (kind == U_SPLIT || kind == U_LAYER) {
+            i64 got[3];
+            if (parts > ws->buckets / 2) parts = ws->buckets / 2; /* the pairs of buckets split among the threads */
+            if (parts > 1)
+                NAME(rotations_threads)(parts, start + step, start + count, cos_, sin_, t->rot_gens, ws->words, coeffs,
+                                        ws->sins, ws->gone, ws->holes, ws->partner, ws->turning, tables,
+                                        ws->table_size, ws->count, ws->buckets, ws->slots, ws->turning_count, hashes,
+                                        w, lw, lc, ls, drops, peak, got);
+            else
+                NAME(rotations)(start + step, start + count, cos_, sin_, t->rot_gens, ws->words, coeffs, ws->sins,
+                                ws->gone, ws->holes, ws->partner, ws->turning, ws->table, ws->count, ws->buckets,
+                                ws->slots, ws->turning_count, hashes, w, lw, lc, ls, dropped, peak, got);
+            peak = got[2];
+            if (got[1] > 0) {
+                out[0] = u, out[1] = got[0] - start, out[2] = got[1];
+                unit = -1; /* stopped */
+            }
+            step = 0;
+        }
+        if (parts > most_threads) most_threads = parts;
+        if (unit < 0) break;
+        n = 0;
+        for (i64 b = 0; b < ws->buckets; b++) n += ws->count[b];
+        unit_terms[u] = (i32)n;
+        if (n > peak) peak = n;
+    }
+    if (unit >= 0) out[0] = t->units;
+    out[3] = peak, out[4] = most_threads;
+    if (threads > 1) {
+        for (i64 p = 0; p < threads; p++)
+            for (int r = 0; r < 3; r++) dropped[r] += drops[3 * p + r];
+        free(tables);
+        free(drops);
+    }
+}
+
 /* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts). */
 EXPORT void NAME(rebucket)(const u32 *words, const CT *coeffs, const i32 *sins, const i64 *bucket_count, i64 buckets,
                            i64 cap, u32 *new_words, CT *new_coeffs, i32 *new_sins, i64 *new_count, i64 new_cap,

@@ -22,12 +22,12 @@ with the tiled engine's (tests/pauliprop/propagation/test_native.py):
 
 The buffers are numpy arrays the caller grows (no program depends on a capacity): a rotation whose
 appended words would not fit returns the slots it needs before writing anything, and the caller
-resumes at that rotation in larger buffers. The loop over units is Python's (`run`), each unit one
-call of a C function through ctypes (a few microseconds; the GIL is released while it runs), once
-per coefficient type (float64, float32). From THREAD_MIN live words a unit runs on several threads in
-its one call (OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the process
-may use): Clifford runs, channels and rules by buckets; a rotation's turning lists by ranges of buckets,
-then its bucket pairs by ranges of pairs, a barrier between.
+resumes at that rotation in larger buffers. The loop over units is C's too (`run`: one ctypes call a
+run, the GIL released throughout, so a thread that traces a GPU program beside it costs it nothing), once
+per coefficient type (float64, float32). From THREAD_MIN live words a unit runs on several threads
+(OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the process may use):
+Clifford runs, channels and rules by buckets; a rotation's turning lists by ranges of buckets, then its
+bucket pairs by ranges of pairs, a barrier between.
 
 Importing this module fails (ImportError) where the C library was not built (no C compiler at install:
 setup.py builds it as optional); propagate.native_engine then runs CPUs' concrete calls on XLA's engines.
@@ -107,6 +107,13 @@ class Tables:
         self.ch_qubit = sched.ch_qubit.astype(np.int64)
         self.ch_factor = sched.ch_factor.reshape(-1, 4).astype(np.float64)
         self.last_layout: tuple | None = None  # (k, cap) of the last run's buckets: the next run starts there
+        self.c_tables = _CircuitTables(
+            len(self.unit_kind), w, *(_at(a, t) for a, t in (
+                (self.unit_kind, _I64), (self.unit_start, _I64), (self.unit_count, _I64), (self.unit_dense, _B),
+                (self.unit_defer, _B), (self.cl_kind, _I64), (self.cl_qubits, _I64), (self.cl_table, _I64),
+                (self.cl_sign, _I64), (self.cl_gens, _U32), (self.cl_turns, _I64), (self.map_tx, _U32),
+                (self.map_tz, _U32), (self.map_te, _I32), (self.rot_gens, _U32), (self.ch_qubit, _I64),
+                (self.ch_factor, _F64))))
 
     def angles(self, params: np.ndarray) -> np.ndarray:
         """Each rotation's angle (engine.rotation_angle on the host)."""
@@ -223,71 +230,40 @@ class Progress(NamedTuple):
     step: int  # the rotation of that unit to resume at
     need: int  # > 0: the slots a bucket of the stopped rotation needed (it wrote nothing)
     peak: int  # the most live terms after any pass
+    threads: int = 1  # the most threads a unit of the call ran on
 
 
 def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int, cos: np.ndarray, sin: np.ndarray,
         limits: tuple, per_layer: bool, weight_each: bool, unit_terms: np.ndarray, dropped: np.ndarray,
-        peak: int) -> Progress:
+        peak: int, threads_at_most: int | None = None) -> Progress:
     """Apply the units from `unit` (rotation `step` of it) to the live words of ws. hashes: the bucket
     functionals, which follow the words through the Clifford units (updated in place). limits:
     (max_weight, min_abs_coeff, max_sins), OFF / 0.0 / OFF where a rule is off. Writes the live terms
-    after each unit into unit_terms and adds the 1-norm each rule dropped into dropped (float64).
+    after each unit into unit_terms (int32) and adds the 1-norm each rule dropped into dropped (float64).
 
-    The loop over units is Python's (a few dozen calls a circuit, microseconds each), each unit one call of
-    the C loops; from THREAD_MIN live words a unit runs on threads() threads."""
-    t, w = tables, tables.lanes
+    The loop over units is C's too: one call, the GIL released throughout (a thread of this process that
+    runs Python, as a GPU program's compilation does, never waits on it unit by unit). From THREAD_MIN live
+    words a unit runs on threads() threads, or on threads_at_most (cores left to other work of the process,
+    such as a GPU program's compilation)."""
+    c = ws.coeffs
+    if hashes.shape[0] < ws.bucket_bits or hashes.shape[1] != 2 * tables.lanes or ws.words.shape[1] != 2 * tables.lanes:
+        raise ValueError(f"hashes {hashes.shape} and words {ws.words.shape} for {ws.bucket_bits} bucket bits and "
+                         f"{tables.lanes} lanes")
+    if len(unit_terms) < len(tables.unit_kind) or len(dropped) < 3:
+        raise ValueError("unit_terms needs a slot per unit and dropped one per rule")
+    for a in (cos, sin):
+        if len(a) < len(tables.rot_gens):
+            raise ValueError(f"{len(a)} angles' cos or sin for {len(tables.rot_gens)} rotations")
+    work = _Workspace(_at(ws.words, _U32), _at(c, c.dtype), _at(ws.sins, _I32), _at(ws.gone, _U8), _at(ws.holes, _I32),
+                      _at(ws.partner, _I32), _at(ws.turning, _I32), _at(ws.table, _I64), _at(ws.count, _I64),
+                      _at(ws.turning_count, _I64), len(ws.count), len(ws.words), len(ws.table))
+    out = np.zeros(5, np.int64)
     max_weight, min_abs, max_sins = int(limits[0]), float(limits[1]), int(limits[2])
-    n, many = ws.n, threads()
-    for u in range(unit, len(t.unit_kind)):
-        kind, start, count = int(t.unit_kind[u]), int(t.unit_start[u]), int(t.unit_count[u])
-        parts = many if n >= THREAD_MIN else 1
-        # the rules this unit applies (tiled.end_rules; a rotation's own unless its step defers them)
-        lw, lc, ls = max_weight, min_abs, max_sins
-        if kind in (schedule.U_SPLIT, schedule.U_LAYER) and t.unit_defer[u]:
-            lw, lc, ls = OFF, 0.0, OFF
-        elif kind == schedule.U_CHANNEL and not per_layer:
-            lw, ls = OFF, OFF
-        if kind == schedule.U_CLIFFORD:
-            clifford = (bool(t.unit_dense[u]), start, count, t.cl_kind, t.cl_qubits, t.cl_table, t.cl_sign,
-                        t.cl_gens, t.cl_turns, t.map_tx, t.map_tz, t.map_te)
-            _clifford_unit(*clifford, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, weight_each,
-                           not weight_each, max_weight, dropped, parts)
-            _follow(clifford, hashes, ws.bucket_bits, w, ws.coeffs.dtype)
-        elif kind == schedule.U_CHANNEL:
-            _channel_unit(start, count, t.ch_qubit, t.ch_factor, ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes,
-                          ws.count, w, lw, lc, ls, dropped, parts)
-        elif kind == schedule.U_TRUNCATE:
-            _rules_unit(ws.words, ws.coeffs, ws.sins, ws.gone, ws.holes, ws.count, w, lw, lc, ls, dropped, parts)
-        elif kind in (schedule.U_SPLIT, schedule.U_LAYER):
-            parts = min(parts, len(ws.count) // 2)  # the pairs of buckets split among the threads
-            if parts > 1:
-                r, need, peak = _rotations_threads(parts, start + step, start + count, cos, sin, t.rot_gens, ws,
-                                                   hashes, w, lw, lc, ls, dropped, peak)
-            else:
-                r, need, peak = _rotations(start + step, start + count, cos, sin, t.rot_gens, ws.words, ws.coeffs,
-                                           ws.sins, ws.gone, ws.holes, ws.partner, ws.turning, ws.table, ws.count,
-                                           ws.turning_count, hashes, w, lw, lc, ls, dropped, peak)
-            if need > 0:
-                return Progress(u, r - start, need, peak)
-            step = 0
-        n = int(ws.count.sum())
-        unit_terms[u] = n
-        peak = max(peak, n)
-    return Progress(len(t.unit_kind), 0, 0, peak)
-
-
-def _follow(clifford: tuple, hashes: np.ndarray, k: int, w: int, dtype) -> None:
-    """The first k bucket functionals through a Clifford run, so that its words stay in their buckets: a
-    functional f on the words before the run is f' = S M S f after it (S swaps the x and z halves; M^-1 =
-    S M^T S for the symplectic bit map M of the run), so bucket_of(M P) under f' is bucket_of(P) under f.
-    The rows go through the run as words would (_clifford_unit on a bucket of k words, no rule)."""
-    if k == 0:
-        return
-    rows = np.concatenate([hashes[:k, w:], hashes[:k, :w]], 1)
-    slots = lambda t: np.zeros(k, t)
-    _clifford_unit(*clifford, rows, slots(dtype), slots(np.int32), slots(np.uint8), slots(np.int32),
-                   np.array([k], np.int64), w, False, False, OFF, np.zeros(3, np.float64))
-    hashes[:k, :w], hashes[:k, w:] = rows[:, w:], rows[:, :w]
+    _kernels(c).run(ctypes.byref(tables.c_tables), ctypes.byref(work), _at(hashes, _U32), unit, step,
+                    _at(cos, c.dtype), _at(sin, c.dtype), max_weight, min_abs, max_sins, per_layer, weight_each,
+                    max(1, min(threads(), threads_at_most or threads())), THREAD_MIN, _at(unit_terms, _I32),
+                    _at(dropped, _F64), peak, out.ctypes.data)
+    return Progress(*(int(v) for v in out))
 
 
 # ---- the C loops (_native.c) ----------------------------------------------------------------------------
@@ -305,26 +281,33 @@ def _declare(name: str, restype, *argtypes):
 _count_buckets_c = _declare("count_buckets", None, _P, _P, _I, _I, _P, _I, _P, _I)
 
 
-class _Kernels(NamedTuple):
-    """The units of one coefficient type (_native_kernels.h)."""
+class _CircuitTables(ctypes.Structure):
+    """_native.c's circuit_tables: a Tables' arrays by address (the Tables keeps them alive)."""
 
-    clifford_unit: object
-    rules_unit: object
-    channel_unit: object
-    rotations: object
-    rotations_threads: object
+    _fields_ = [("units", _I), ("lanes", _I)] + [(name, _P) for name in (
+        "unit_kind", "unit_start", "unit_count", "unit_dense", "unit_defer", "cl_kind", "cl_qubits", "cl_table",
+        "cl_sign", "cl_gens", "cl_turns", "map_tx", "map_tz", "map_te", "rot_gens", "ch_qubit", "ch_factor")]
+
+
+class _Workspace(ctypes.Structure):
+    """_native.c's workspace: a Workspace's arrays by address, its buckets, slots and pair-table entries."""
+
+    _fields_ = [(name, _P) for name in ("words", "coeffs", "sins", "gone", "holes", "partner", "turning", "table",
+                                        "count", "turning_count")] + [("buckets", _I), ("slots", _I), ("table_size", _I)]
+
+
+class _Kernels(NamedTuple):
+    """The loops of one coefficient type (_native_kernels.h)."""
+
+    run: object
     rebucket: object
     value: object
 
 
 def _kernels_of(suffix: str) -> _Kernels:
     return _Kernels(
-        _declare(f"clifford_unit_{suffix}", None, *[_I] * 4, *[_P] * 9, *[_P] * 6, _I, _I, _I, _I, _I, _I, _P),
-        _declare(f"rules_unit_{suffix}", None, _I, *[_P] * 6, _I, _I, _I, _I, _D, _I, _P),
-        _declare(f"channel_unit_{suffix}", None, _I, _I, _I, *[_P] * 8, _I, _I, _I, _I, _D, _I, _P),
-        _declare(f"rotations_{suffix}", None, _I, _I, *[_P] * 12, _I, _I, _P, _P, _I, _I, _D, _I, _P, _I, _P),
-        _declare(f"rotations_threads_{suffix}", None, _I, _I, _I, *[_P] * 11, _I, _P, _I, _I, _P, _P, _I, _I, _D, _I, _P,
-                 _I, _P),
+        _declare(f"run_{suffix}", None, ctypes.POINTER(_CircuitTables), ctypes.POINTER(_Workspace), _P, _I, _I, _P, _P,
+                 _I, _D, _I, _I, _I, _I, _I, _P, _P, _I, _P),
         _declare(f"rebucket_{suffix}", None, *[_P] * 4, _I, _I, *[_P] * 4, _I, _P, _I, _I),
         _declare(f"value_{suffix}", _D, *[_P] * 3, _I, _I, _P, _I))
 
@@ -348,53 +331,14 @@ def _at(a: np.ndarray, dtype) -> int:
     return a.ctypes.data
 
 
-_U32, _I64, _I32, _U8, _F64 = (np.dtype(t) for t in (np.uint32, np.int64, np.int32, np.uint8, np.float64))
+_U32, _I64, _I32, _U8, _F64, _B = (np.dtype(t) for t in (np.uint32, np.int64, np.int32, np.uint8, np.float64, np.bool_))
 
-
-def _slots(words, coeffs, sins, gone, holes):
-    """The addresses of a workspace's per-slot arrays, their types checked."""
-    return (_at(words, _U32), _at(coeffs, coeffs.dtype), _at(sins, _I32), _at(gone, _U8), _at(holes, _I32))
-
-
-def _clifford_unit(dense, start, count, cl_kind, cl_qubits, cl_table, cl_sign, cl_gens, cl_turns, map_tx, map_tz,
-                   map_te, words, coeffs, sins, gone, holes, bucket_count, w, weight_each, end_weight, max_weight,
-                   dropped, parts=1):
-    """A Clifford run on every word, then the weight rule (after each gate when weight_each, else at the run's
-    end when end_weight); its buckets on `parts` threads."""
-    _kernels(coeffs).clifford_unit(
-        parts, dense, start, count, _at(cl_kind, _I64), _at(cl_qubits, _I64), _at(cl_table, _I64), _at(cl_sign, _I64),
-        _at(cl_gens, _U32), _at(cl_turns, _I64), _at(map_tx, _U32), _at(map_tz, _U32), _at(map_te, _I32),
-        *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64), len(bucket_count), len(words), w,
-        weight_each, end_weight, max_weight, _at(dropped, _F64))
-
-
-def _rules_unit(words, coeffs, sins, gone, holes, bucket_count, w, max_weight, min_abs, max_sins, dropped, parts=1):
-    """The rules on every word (the end of a deferred step); its buckets on `parts` threads."""
-    _kernels(coeffs).rules_unit(parts, *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
-                                len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
-
-
-def _channel_unit(start, count, ch_qubit, ch_factor, words, coeffs, sins, gone, holes, bucket_count, w, max_weight,
-                  min_abs, max_sins, dropped, parts=1):
-    """Pauli channels scale each word by its code's factor, then the end rules (per gate the coefficient rule:
-    the factors are at most 1 in size; per layer all of them); its buckets on `parts` threads."""
-    _kernels(coeffs).channel_unit(parts, start, count, _at(ch_qubit, _I64), _at(ch_factor, _F64),
-                                  *_slots(words, coeffs, sins, gone, holes), _at(bucket_count, _I64),
-                                  len(bucket_count), len(words), w, max_weight, min_abs, max_sins, _at(dropped, _F64))
-
-
-def _rotations(first, end, rot_cos, rot_sin, gens, words, coeffs, sins, gone, holes, partner, turning, table,
-               bucket_count, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped, peak):
-    """The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word.
-    Returns (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing of that
-    rotation written), the most live words after any rotation (at least peak))."""
-    out = np.zeros(3, np.int64)
-    _kernels(coeffs).rotations(first, end, _at(rot_cos, coeffs.dtype), _at(rot_sin, coeffs.dtype), _at(gens, _U32),
-                               *_slots(words, coeffs, sins, gone, holes), _at(partner, _I32), _at(turning, _I32),
-                               _at(table, _I64), _at(bucket_count, _I64), len(bucket_count), len(words),
-                               _at(turning_count, _I64), _at(hashes, _U32), w, max_weight, min_abs, max_sins,
-                               _at(dropped, _F64), peak, out.ctypes.data)
-    return int(out[0]), int(out[1]), int(out[2])
+_unit_kinds = np.zeros(7, np.int64)
+_LIB.unit_kinds(ctypes.c_void_p(_unit_kinds.ctypes.data))
+if tuple(_unit_kinds) != (schedule.U_MERGE, schedule.U_CLIFFORD, schedule.U_SPLIT, schedule.U_CHANNEL,
+                          schedule.U_TRUNCATE, schedule.U_NOOP, schedule.U_LAYER):  # a library of another version
+    raise ImportError(f"the native engine's unit kinds {tuple(_unit_kinds)} are not schedule.py's: rebuild it "
+                      "(pip install -e .)")
 
 
 def _count_buckets(words, bucket_count, cap, hashes, k, out):
@@ -447,24 +391,3 @@ def threads() -> int:
             raise ValueError(f"{THREADS}={given!r}: give the number of threads, a positive integer")
         return int(given) if OPENMP else 1
     return memory.cores() if OPENMP else 1
-
-
-def _rotations_threads(parts: int, first: int, end: int, cos: np.ndarray, sin: np.ndarray, gens: np.ndarray,
-                       ws: Workspace, hashes: np.ndarray, w: int, max_weight: int, min_abs: float, max_sins: int,
-                       dropped: np.ndarray, peak: int) -> tuple:
-    """_rotations on `parts` threads, in one call of the C loops: each rotation's turning lists by ranges of
-    buckets, then (where every bucket has room) its bucket pairs by ranges of pairs, each thread with its own
-    table and dropped norms. The same values and terms as on one thread (a pair's arithmetic does not depend on
-    who does it); the dropped norms summed in another order."""
-    tables = np.full((parts, len(ws.table)), -1, np.int64)
-    drops = np.zeros((parts, 3))  # each thread's norms dropped by the weight, coefficient and sine rules
-    out = np.zeros(3, np.int64)
-    c = ws.coeffs
-    _kernels(c).rotations_threads(
-        parts, first, end, _at(cos, c.dtype), _at(sin, c.dtype), _at(gens, _U32), *_slots(ws.words, c, ws.sins, ws.gone,
-                                                                                          ws.holes),
-        _at(ws.partner, _I32), _at(ws.turning, _I32), tables.ctypes.data, len(ws.table), _at(ws.count, _I64),
-        len(ws.count), len(ws.words), _at(ws.turning_count, _I64), _at(hashes, _U32), w, max_weight, min_abs, max_sins,
-        drops.ctypes.data, peak, out.ctypes.data)
-    dropped[:3] += drops.sum(0)
-    return int(out[0]), int(out[1]), int(out[2])
