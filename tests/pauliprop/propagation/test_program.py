@@ -128,6 +128,16 @@ def test_light_cone_keeps_the_rows_that_can_reach_the_observable():
     assert P.light_cone(prog, (1 << 6) - 1).tolist() == list(range(prog.length))
 
 
+def test_each_rows_mask_is_the_qubits_its_operation_acts_on_across_lanes():
+    """row_masks: a rotation's or quarter turn's generator's qubits, a Clifford's one or two, a channel's one,
+    on both sides of 32-bit lane boundaries (qubit q is bit q of the mask)."""
+    c = pp.Circuit(130)
+    c.rzz(31, 32, 0.3).rx(126, 0.2).cx(0, 64).h(95).s(129).depolarize(100, 0.01).rzz(63, 127, np.pi / 2)
+    masks = P.row_masks(P.lower(c))
+    want = [{31, 32}, {126}, {0, 64}, {95}, {129}, {100}, {63, 127}]
+    assert masks == [sum(1 << q for q in qs) for qs in want]
+
+
 @settings(max_examples=20)
 @given(st.integers(2, 7).flatmap(lambda n: st.tuples(st.just(n), st.lists(gate(n, noise=True), min_size=1, max_size=25),
                                                       st.text("IXYZ", min_size=n, max_size=n))))
