@@ -625,7 +625,8 @@ def _drive_concrete(circuit: Circuit, obs: PauliSum, params, truncation: Truncat
                 return _drive_native_batch(circuit, obs, params, truncation, max_capacity, table)
             if native_engine() is not None:
                 return _drive_native(circuit, obs, params, truncation, max_capacity, table, want_terms)
-            return _drive_tiled(circuit, obs, params, truncation, max_capacity, table, want_terms)
+            call = _tiled_call(circuit, obs, params, truncation, max_capacity, table)
+            return _host_first(call, circuit, obs, params, want_terms) or _run_tiled(call, want_terms)
     else:
         run = _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table)
     buf, stats, val = run
@@ -748,14 +749,44 @@ def _tiled_jit(cfg: tiled.Config, backend: str):
 GPU_TILED_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
 
-def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
-                 want_terms: bool = False):
-    """A concrete call on the tiled engine: (value, PropagationStats, (x, z, coeffs) of the result when
-    want_terms). One program runs the whole circuit; only a CPU run that outgrows its first buffers
-    continues in a second, sized from the free memory. Past the memory: a MemoryError."""
+class _TiledCall(NamedTuple):
+    """A concrete call's inputs to the tiled engine, made in the caller's thread: the run needs nothing else
+    (so a background thread can run it, runtime/background.py), and they fix its first program."""
+
+    low: Lowered
+    backend: str
+    device: jax.Device
+    dtype: np.dtype
+    x64: bool
+    params: np.ndarray
+    obs_words: np.ndarray  # (rows, 2W) the merged observable, padded to a bucketed number of rows
+    obs_coeffs: np.ndarray
+    terms: int
+    lanes: int
+    dropped: np.ndarray  # what the observable's own merge dropped
+    capacity: int  # the first buffers' slots
+    truncation: Truncation
+    max_capacity: int
+    table: np.ndarray
+
+    def first_args(self, work) -> tuple:
+        """The first program's arguments, with `work` the buffers (or their jax.ShapeDtypeStruct)."""
+        return (self.low.device_tables(self.backend), work, self.obs_words, self.obs_coeffs, np.int32(self.terms),
+                np.int32(1), np.int32(0), np.bool_(True), self.params, self.truncation.limits(self.dtype),
+                self.table)
+
+    def first_program(self) -> tuple:
+        """(the first program, the signature of its arguments): what `ready` and a background job's key read."""
+        program = _tiled_jit(tiled_config(self.low, self.truncation, self.capacity, self.backend), self.backend)
+        work = jax.eval_shape(partial(tiled.empty_work, self.capacity, self.lanes, self.dtype))
+        return program, self.first_args(work)
+
+
+def _tiled_call(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int,
+                table) -> _TiledCall:
     backend = devices.backend()
     low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs))
-    dtype = jnp.result_type(float)
+    dtype = np.dtype(jnp.result_type(float))
     p = params_array(params, circuit.num_params, dtype)
     words, coeffs, dropped0 = tiled.host_merge(obs.x, obs.z, obs.coeffs, truncation)
     t, lanes = len(words), obs.num_lanes
@@ -765,15 +796,24 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
     obs_coeffs = np.zeros(rows, dtype)
     obs_coeffs[:t] = coeffs
     cap = tiled_capacity(low, t, lanes, dtype, max_capacity, backend)
-    limits = truncation.limits(dtype)
+    return _TiledCall(low, backend, devices.device(), dtype, bool(jax.config.jax_enable_x64), p, obs_words,
+                      obs_coeffs, t, lanes, np.asarray(dropped0, dtype), cap, truncation, max_capacity,
+                      np.asarray(table))
+
+
+def _run_tiled(call: _TiledCall, want_terms: bool = False):
+    """The tiled engine's run of a call. One program runs the whole circuit; only a CPU run that outgrows
+    its first buffers continues in a second, sized from the free memory. Past the memory: a MemoryError."""
+    low, backend, dtype, lanes, cap, max_capacity = (call.low, call.backend, call.dtype, call.lanes, call.capacity,
+                                                      call.max_capacity)
     work = _take_workspace(cap, lanes, dtype)
     unit_terms = np.zeros(low.tables["u_kind"].shape[0], np.int32)
-    unit_terms[0] = t
-    n, unit, step, fresh, peak, dropped = t, 1, 0, True, t, np.asarray(dropped0, dtype)
+    unit_terms[0] = call.terms
+    n, unit, step, fresh, peak, dropped = call.terms, 1, 0, True, call.terms, call.dropped
+    args = call.first_args(work)
     while True:
-        cfg = tiled_config(low, truncation, cap, backend)
-        st, val = _tiled_jit(cfg, backend)(low.device_tables(backend), work, obs_words, obs_coeffs, np.int32(n),
-                                           np.int32(unit), np.int32(step), np.bool_(fresh), p, limits, table)
+        cfg = tiled_config(low, call.truncation, cap, backend)
+        st, val = _tiled_jit(cfg, backend)(*args)
         work = st.work
         n, stop, step, need, more, terms, top, val = jax.device_get((st.n, st.unit, st.step, st.need, st.dropped,
                                                                      st.terms, st.peak, val))
@@ -794,6 +834,8 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
                 f"{memory.available_bytes() / 2**30:.1f} GiB free allow; add truncation (min_abs_coeff, "
                 "max_weight, max_terms) or raise max_capacity")
         work, cap = _grown_work(work, grown), grown
+        args = (args[0], work, args[2], args[3], np.int32(n), np.int32(unit), np.int32(step), np.bool_(fresh),
+                *args[8:])
     out = None
     if want_terms:
         w, c = jax.device_get(_prefix(work, schedule.bucket(max(n, 1), 64)))
@@ -803,6 +845,49 @@ def _drive_tiled(circuit: Circuit, obs: PauliSum, params, truncation: Truncation
     stats = PropagationStats(terms=terms, dropped_norm=dropped, overflow=np.bool_(False), capacity=cap,
                              max_terms_seen=np.int32(max(peak, int(terms.max(initial=0)))))
     return val, stats, out
+
+
+# ---- GPUs: the host answers while the GPU's program compiles -----------------------------------------------
+
+# A GPU's concrete call whose program is not compiled (not in this process, not stored: an empty cache) waits
+# seconds for XLA (the 127-qubit kicked Ising: 0.7 s tracing, 1.1 s lowering, 3.5 s compiling on an H200); the
+# native engine on the host's cores answers it in a fraction of that. So such a call runs there, and then a
+# thread (runtime/background.py) runs it on the GPU: the program is compiled and stored, and the calls after it,
+# once it is, run on the GPU; calls made meanwhile run on the host, leaving cores to the compilation. The values
+# are the same run's (the engines make the same truncation decisions; sums in another order).
+# The two do not race: on one H200's 16-core host (2026-11-29) the compilation beside the host's run slowed both
+# (the 2D Ising 4x4's host run 1.0 s alone, 2.3-4.8 s beside it; the 8x8's GPU answer 5.6-5.9 s against 4.0 s
+# alone), so the host's run comes first, alone. PAULIPROP_HOST_FIRST=0 turns it off (every call waits for the
+# GPU's program).
+HOST_FIRST = "PAULIPROP_HOST_FIRST"
+HOST_FIRST_BACKENDS = frozenset({"gpu"})
+HOST_CORES_FOR_COMPILING = 2  # cores a host run leaves to a compilation under way (its thread, XLA's)
+
+
+def _host_first(call: _TiledCall, circuit: Circuit, obs: PauliSum, params, want_terms: bool):
+    """Where `call`'s GPU program is not ready: the native engine's answer, after which the GPU's run starts in the
+    background (unless one of that program runs there already); else None."""
+    if (call.backend not in HOST_FIRST_BACKENDS or os.environ.get(HOST_FIRST, "1") == "0"
+            or os.environ.get(NATIVE, "1") == "0" or _native_module() is None):
+        return None
+    jitted, args = call.first_program()
+    if jitted.ready(*args):
+        return None
+    from ..runtime import background
+    from ..runtime.compilation import signature
+
+    key = ("tiled", jitted, signature(args))
+    # one host core short, OpenMP's barriers wait on a preempted thread: leave cores to a compilation under way
+    threads = _native_module().threads() - HOST_CORES_FOR_COMPILING if background.running(key) else None
+    answer = _drive_native(circuit, obs, params, call.truncation, call.max_capacity, call.table, want_terms,
+                           threads)
+
+    def on_the_gpu():
+        with jax.default_device(call.device), jax.enable_x64(call.x64):
+            _run_tiled(call)
+
+    background.start(key, on_the_gpu, "the GPU's first run (compiling)")
+    return answer
 
 
 # ---- the native CPU engine (native.py, its C loops built at install) -------------------------------------------
@@ -831,16 +916,22 @@ def _native_limits(truncation: Truncation) -> tuple:
     return pick(truncation.max_weight, OFF), pick(truncation.min_abs_coeff, 0.0), pick(truncation.max_sins, OFF)
 
 
-def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
-                  want_terms: bool = False):
-    """A concrete call on the native engine: (value, PropagationStats, (x, z, coeffs) of the result when
-    want_terms). Its buffers are numpy arrays: a run that outgrows them continues in larger ones (nothing
-    to compile); past the memory, a MemoryError."""
-    native = native_engine()
+def _native_lowered(circuit: Circuit, obs: PauliSum, truncation: Truncation) -> tuple:
+    """(the circuit lowered for the native engine, its tables): made once, kept on the circuit."""
     low = lowered(circuit, truncation, "cpu", layers=True, support=observable_support(obs))
     tables = low.on_device.get("native")
     if tables is None:
-        tables = low.on_device["native"] = native.Tables(low.schedule, low.units)
+        tables = low.on_device["native"] = _native_module().Tables(low.schedule, low.units)
+    return low, tables
+
+
+def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int, table,
+                  want_terms: bool = False, threads_at_most: int | None = None):
+    """A concrete call on the native engine: (value, PropagationStats, (x, z, coeffs) of the result when
+    want_terms). Its buffers are numpy arrays: a run that outgrows them continues in larger ones (nothing
+    to compile); past the memory, a MemoryError. threads_at_most: native.run's."""
+    native = _native_module()
+    low, tables = _native_lowered(circuit, obs, truncation)
     dtype = np.dtype(jnp.result_type(float))
     p = params_array(params, circuit.num_params, dtype)
     angles = tables.angles(p)
@@ -867,7 +958,7 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     at = native.Progress(1, 0, 0, t)
     while True:
         at = native.run(tables, ws, hashes, at.unit, at.step, cos, sin, limits, per_layer, weight_each, unit_terms,
-                        dropped, at.peak)
+                        dropped, at.peak, threads_at_most=threads_at_most)
         if at.need == 0:
             break
         # more buckets for more words, or larger ones

@@ -107,7 +107,8 @@ def _leaf_type(x) -> tuple:
     dtype = getattr(x, "dtype", None)
     if dtype is None:  # a Python scalar: a weak type
         return (), np.dtype(np.result_type(x)).name, True
-    return tuple(np.shape(x)), np.dtype(dtype).name, bool(getattr(x, "weak_type", False))
+    shape = x.shape if hasattr(x, "shape") else np.shape(x)  # arrays, numpy scalars, jax.ShapeDtypeStruct
+    return tuple(shape), np.dtype(dtype).name, bool(getattr(x, "weak_type", False))
 
 
 def signature(args) -> tuple:
@@ -186,11 +187,33 @@ class _Loaded:
         return list(self._items)
 
 
+class _Called:
+    """(Jitted, signature) of the keyed programs jax.jit ran in this process with the cache off (its own
+    cache holds them): emptied with JAX's caches."""
+
+    def __init__(self):
+        self._items = set()
+
+    def add(self, item):
+        self._items.add(item)
+
+    def __contains__(self, item):
+        return item in self._items
+
+    def cache_clear(self):
+        self._items.clear()
+
+    def cache_info(self):
+        return len(self._items)
+
+
 _LOADED = _Loaded(64)
+_CALLED = _Called()
 try:  # JAX's registry of the caches jax.clear_caches() empties (internal: absent, we only keep more alive)
     from jax._src.util import register_cache
 
     register_cache(_LOADED, "pauliprop stored programs")
+    register_cache(_CALLED, "pauliprop programs run by jax.jit")
 except ImportError:
     pass
 
@@ -203,7 +226,8 @@ class Jitted:
     * Given a `key` (a repr-stable tuple that, with the arguments' shapes, fixes the program: the static
       configuration fn closes over), each compiled executable is stored in programs_directory() and a
       later process loads it instead of tracing, lowering and compiling (see above). Without a key, or
-      with the cache off, it is jax.jit's own path."""
+      with the cache off, it is jax.jit's own path. `ready(*args)` says whether a call would find its
+      program compiled (kept in this process, or stored)."""
 
     def __init__(self, fn, options: dict | None, key: tuple | None = None, **kw):
         self._fn, self._options, self._key, self._kw = fn, options, key, kw
@@ -244,9 +268,22 @@ class Jitted:
             _LOADED.put((self, sig), compiled)
             return compiled
 
+    def ready(self, *args) -> bool:
+        """Whether a call with arguments of these shapes and dtypes (arrays or jax.ShapeDtypeStruct) finds its
+        program compiled: kept in this process or stored on disk (a keyed program; else False)."""
+        if self._key is None:
+            return False
+        sig = signature(args)
+        if _LOADED.get((self, sig)) is not None or (self, sig) in _CALLED:
+            return True
+        path = _stored_path(self._key, self._options, self._kw, sig)
+        return path is not None and path.exists()
+
     def __call__(self, *args):
         if self._key is not None and programs_directory() is not None:
             return self._program(args, signature(args))(*args)
+        if self._key is not None:  # the cache off: jax.jit's own cache holds the program; ready() notes it
+            _CALLED.add((self, signature(args)))
         try:
             return self._jitted(*args)
         except jax.errors.JaxRuntimeError as exc:  # raised while compiling: no buffer was donated

@@ -640,8 +640,8 @@ def test_a_small_run_starts_on_the_loop_and_one_that_outgrows_it_goes_on_to_the_
     from pauliprop.propagation import propagate as PR
     monkeypatch.setenv(PR.NATIVE, "0")  # XLA's engines (a CPU without the native engine)
     calls = []
-    drive_tiled, drive = PR._drive_tiled, PR._drive
-    monkeypatch.setattr(PR, "_drive_tiled", lambda *a, **k: calls.append("tiled") or drive_tiled(*a, **k))
+    run_tiled, drive = PR._run_tiled, PR._drive
+    monkeypatch.setattr(PR, "_run_tiled", lambda *a, **k: calls.append("tiled") or run_tiled(*a, **k))
     monkeypatch.setattr(PR, "_drive", lambda *a, **k: calls.append("loop") or drive(*a, **k))
     rng = np.random.default_rng(5)
     for n, layers, grows in [(5, 2, False), (7, 6, True)]:
@@ -886,3 +886,85 @@ def test_truncation_at_scale_decides_as_on_the_light_cone_and_its_error_is_bound
     small_val, small_stats = pp.expectation(small, local, truncation=cut, return_stats=True)
     assert abs(float(val) - float(small_val)) < 1e-12
     np.testing.assert_allclose(np.asarray(stats.dropped_norm), np.asarray(small_stats.dropped_norm), atol=1e-12)
+
+
+def _host_first_case(monkeypatch):
+    """A circuit, observable, parameters and truncation, with the CPU standing in for a GPU (HOST_FIRST_BACKENDS,
+    its native engine off the direct path, no first try on the loop) and no program compiled in this process."""
+    from pauliprop.propagation import propagate as PR
+    if PR._native_module() is None:
+        pytest.skip("the native engine's C library was not built")
+    rng = np.random.default_rng(3)
+    c = pp.Circuit(7)
+    for layer in range(4):
+        for q in range(7):
+            c.rx(q, pp.Param(7 * layer + q))
+        for q in range(layer % 2, 6, 2):
+            c.rzz(q, q + 1, 0.4)
+    monkeypatch.setattr(PR, "HOST_FIRST_BACKENDS", frozenset({"cpu"}))
+    monkeypatch.setattr(PR, "native_engine", lambda: None)
+    monkeypatch.setattr(PR, "SMALL_RUN_BOUND", {})
+    jax.clear_caches()
+    return c, pp.PauliSum.from_labels({"IIIZZII": 1.0, "XIIIIIY": 0.5}), rng.normal(size=28), \
+        pp.Truncation(min_abs_coeff=1e-3, max_weight=5)
+
+
+def test_a_call_whose_gpu_program_is_not_compiled_is_answered_on_the_host_meanwhile(monkeypatch):
+    """Where the device's program is not compiled (a backend of HOST_FIRST_BACKENDS: GPUs; here the CPU stands
+    in, with its native engine taken off the direct path), the native engine answers on the host and the
+    device's run starts in a background thread, under the caller's default device; once that is done, the next
+    call runs the compiled program. Both answers (value, terms after every row, dropped norms) are the tiled
+    engine's; PAULIPROP_HOST_FIRST=0 waits for the program instead."""
+    import threading
+
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.runtime import background
+    c, h, params, truncation = _host_first_case(monkeypatch)
+    host, device_runs = [], []
+    drive_native, run_tiled = PR._drive_native, PR._run_tiled
+    monkeypatch.setattr(PR, "_drive_native", lambda *a, **k: host.append(1) or drive_native(*a, **k))
+    monkeypatch.setattr(PR, "_run_tiled", lambda *a, **k: device_runs.append(
+        (threading.current_thread() is threading.main_thread(), jax.config.jax_default_device)) or run_tiled(*a, **k))
+    started = background.started()
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        first = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    assert host == [1] and background.started() == started + 1
+    assert background.wait(600) and device_runs == [(False, cpu)]
+    second = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
+    assert host == [1] and device_runs[-1] == (True, None)
+    np.testing.assert_allclose(float(first[0]), float(second[0]), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(first[1].terms), np.asarray(second[1].terms))
+    np.testing.assert_allclose(np.asarray(first[1].dropped_norm), np.asarray(second[1].dropped_norm), atol=1e-12)
+    assert int(first[1].max_terms_seen) == int(second[1].max_terms_seen)
+    jax.clear_caches()
+    monkeypatch.setenv(PR.HOST_FIRST, "0")
+    third = pp.expectation(c, h, params, truncation=truncation)
+    assert host == [1] and background.started() == started + 1 and float(third) == float(second[0])
+
+
+def test_calls_while_the_program_compiles_run_on_the_host_and_leave_it_cores(monkeypatch):
+    """A call made while the device's run (its compilation) is under way in the background runs on the host
+    with HOST_CORES_FOR_COMPILING cores fewer, and starts no second compilation of the same program."""
+    import threading
+
+    from pauliprop.propagation import native
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.runtime import background
+    c, h, params, truncation = _host_first_case(monkeypatch)
+    monkeypatch.setenv(native.THREADS, "6")
+    release, run_tiled = threading.Event(), PR._run_tiled
+    monkeypatch.setattr(PR, "_run_tiled", lambda *a, **k: release.wait(600) and run_tiled(*a, **k))
+    host, run = [], native.run
+    monkeypatch.setattr(native, "run", lambda *a, **k: host.append(k.get("threads_at_most")) or run(*a, **k))
+    started = background.started()
+    try:
+        first = float(pp.expectation(c, h, params, truncation=truncation))
+        at = len(host)  # the first call's native runs (one more each time its buffers grew)
+        second = float(pp.expectation(c, h, params, truncation=truncation))
+        assert background.started() == started + 1
+    finally:
+        release.set()
+        assert background.wait(600)
+    assert first == second and set(host[:at]) == {None} and set(host[at:]) == {6 - PR.HOST_CORES_FOR_COMPILING}
+

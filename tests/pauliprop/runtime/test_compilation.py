@@ -177,3 +177,22 @@ def test_clear_caches_releases_loaded_programs(store):
     assert compilation._LOADED.cache_info() == 1
     jax.clear_caches()
     assert compilation._LOADED.cache_info() == 0
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_keyed_program_is_ready_once_compiled_here_or_stored(store, monkeypatch, stored):
+    """ready(*args) says whether a call would compile: not before the first call, yes after it (from arrays or
+    from jax.ShapeDtypeStruct of their shapes), and, once the process released its programs, yes only where
+    the store keeps it (a new process with a filled cache), not with the cache off."""
+    if not stored:
+        monkeypatch.setenv("PAULIPROP_NO_CACHE", "1")
+    traces = []
+    x, y = np.arange(4.0), np.float64(2.0)
+    jitted = compilation.Jitted(_counting(traces), None, key=("ready", stored))
+    specs = (jax.ShapeDtypeStruct(x.shape, x.dtype), y)
+    assert not jitted.ready(x, y) and not jitted.ready(*specs)
+    jitted(x, y)
+    assert jitted.ready(x, y) and jitted.ready(*specs) and not jitted.ready(np.arange(5.0), y)
+    jax.clear_caches()  # the process releases its programs
+    assert jitted.ready(*specs) == stored
+    assert not compilation.Jitted(_counting([]), None).ready(x, y)  # without a key: jax.jit's own, never known
