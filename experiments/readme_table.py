@@ -41,7 +41,9 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 
 def rows() -> list[list[str]]:
     out = []
-    f = "native_peers_h200_2026-11-28_layers.json"  # ours on the GPU (fused.py), the native peers on the host's 16 cores
+    # ours on the GPU (fused.py; a first call whose program is not compiled answered by the native engine on the
+    # host while it compiles), the native peers on the host's 16 cores
+    f = "native_peers_h200_2026-11-29_hostfirst.json"
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))
@@ -57,11 +59,13 @@ def rows() -> list[list[str]]:
         name, peer = faster(case, "warm_call_s")
         out.append(_row(f"{what}, warm", d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
     for case, what in (("KI theta_h=pi/4", "kicked Ising"), ("2D Ising L=4", "2D Ising 4x4"),
-                       ("2D Ising L=8", "2D Ising 8x8")):
+                       ("2D Ising L=6", "2D Ising 6x6"), ("2D Ising L=8", "2D Ising 8x8")):
         name, peer = faster(case, "first_call_s")
         for process in ("empty cache", "filled cache"):
+            ours = rec("ours", case, process)
+            host = " (on the host)" if ours.get("first_call_answered_by", "").startswith("host") else ""
             out.append(_row(f"{what}, first call in a fresh process, {process.replace('cache', 'compilation cache')}",
-                            d, rec("ours", case, process)["first_call_s"], name, peer, [f]))
+                            d, ours["first_call_s"], name, peer, [f], host))
     # ours on two CPU cores (the native engine's C loops) beside paulistrings-rs on the same two cores: the
     # issue's CPU bounds (warm at most its time, a first call on an empty cache at most twice its first)
     f = "native_peers_xeon2_2026-11-29_c.json"
