@@ -650,7 +650,7 @@ def _budget(backend: str, first: bool) -> int:
     """Bytes the tiled engine's buffers may take: a share of what was free at the first call of the
     process (so every later call sizes its buffers, and picks its program, the same way); on CPUs,
     whose zeroing of fresh memory costs about 0.4 s a GiB, a first buffer of at most CPU_FIRST_BUDGET."""
-    share = int(MEMORY_SHARE * memory.available_bytes())
+    share = int(MEMORY_SHARE * memory.available_bytes(backend))
     return min(share, CPU_FIRST_BUDGET) if backend == "cpu" and first else share
 
 
@@ -969,7 +969,7 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
                 f"propagation needs {slots} term slots at {operation_at(low, at.unit)} ({ws.n} live words in "
                 f"{len(ws.count)} buckets, one needing {at.need} of its {ws.cap}), more than the {most} slots "
                 f"({per_slot} bytes each) that max_capacity={max_capacity} and {MEMORY_SHARE:.0%} of the "
-                f"{memory.available_bytes() / 2**30:.1f} GiB free allow; add truncation (min_abs_coeff, "
+                f"{memory.available_bytes('cpu') / 2**30:.1f} GiB free allow; add truncation (min_abs_coeff, "
                 "max_weight, max_terms) or raise max_capacity")
         ws = bigger
     val = np.asarray(native.value(ws.words, ws.coeffs, ws.count, np.asarray(table, np.float64)), dtype)

@@ -25,10 +25,11 @@ def device_memory_bytes() -> int:
     return int(limit)
 
 
-def available_bytes() -> int:
+def available_bytes(platform: str | None = None) -> int:
     """Memory a new buffer can take now: the allocator's limit less what it holds (GPUs), or the
-    kernel's MemAvailable (CPUs; the physical memory where /proc/meminfo is missing)."""
-    stats = _stats()
+    kernel's MemAvailable (CPUs; the physical memory where /proc/meminfo is missing). platform "cpu":
+    the host's, whatever the default device (the native engine's numpy buffers on a GPU machine)."""
+    stats = _stats() if platform != "cpu" else {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
     try:
@@ -38,7 +39,7 @@ def available_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return device_memory_bytes()
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if platform == "cpu" else device_memory_bytes()
 
 
 def cores() -> int:
