@@ -853,7 +853,8 @@ def _run_tiled(call: _TiledCall, want_terms: bool = False):
 # seconds for XLA (the 127-qubit kicked Ising: 0.7 s tracing, 1.1 s lowering, 3.5 s compiling on an H200); the
 # native engine on the host's cores answers it in a fraction of that. So such a call runs there, and then a
 # thread (runtime/background.py) runs it on the GPU: the program is compiled and stored, and the calls after it,
-# once it is, run on the GPU; calls made meanwhile run on the host, leaving cores to the compilation. The values
+# once it is, run on the GPU; calls made meanwhile run on the host, leaving cores to the compilation (one at a
+# time: a call whose program is not compiled while another compiles starts none). The values
 # are the same run's (the engines make the same truncation decisions; sums in another order).
 # The two do not race: on one H200's 16-core host (2026-11-29) the compilation beside the host's run slowed both
 # (the 2D Ising 4x4's host run 1.0 s alone, 2.3-4.8 s beside it; the 8x8's GPU answer 5.6-5.9 s against 4.0 s
@@ -878,7 +879,7 @@ def _host_first(call: _TiledCall, circuit: Circuit, obs: PauliSum, params, want_
 
     key = ("tiled", jitted, signature(args))
     # one host core short, OpenMP's barriers wait on a preempted thread: leave cores to a compilation under way
-    threads = _native_module().threads() - HOST_CORES_FOR_COMPILING if background.running(key) else None
+    threads = _native_module().threads() - HOST_CORES_FOR_COMPILING if background.busy() else None
     answer = _drive_native(circuit, obs, params, call.truncation, call.max_capacity, call.table, want_terms,
                            threads)
 
@@ -886,7 +887,9 @@ def _host_first(call: _TiledCall, circuit: Circuit, obs: PauliSum, params, want_
         with jax.default_device(call.device), jax.enable_x64(call.x64):
             _run_tiled(call)
 
-    background.start(key, on_the_gpu, "the GPU's first run (compiling)")
+    # one compilation at a time (a sweep over many circuit shapes queues none: a shape's call after the last
+    # compilation ended starts the next)
+    background.start(key, on_the_gpu, "the GPU's first run (compiling)", alone=True)
     return answer
 
 

@@ -31,10 +31,17 @@ def running(key: Hashable) -> bool:
         return thread is not None and thread.is_alive()
 
 
-def start(key: Hashable, job: Callable[[], object], what: str) -> bool:
-    """Run job() in a new thread unless one of this key runs; returns whether it started one."""
+def busy() -> bool:
+    """Whether any job is running now."""
     with _LOCK:
-        if key in _RUNNING and _RUNNING[key].is_alive():
+        return any(t.is_alive() for t in _RUNNING.values())
+
+
+def start(key: Hashable, job: Callable[[], object], what: str, alone: bool = False) -> bool:
+    """Run job() in a new thread unless one of this key runs (alone: unless any job runs); returns whether it
+    started one."""
+    with _LOCK:
+        if (key in _RUNNING and _RUNNING[key].is_alive()) or (alone and any(t.is_alive() for t in _RUNNING.values())):
             return False
 
         def work():

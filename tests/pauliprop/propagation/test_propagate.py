@@ -945,7 +945,8 @@ def test_a_call_whose_gpu_program_is_not_compiled_is_answered_on_the_host_meanwh
 
 def test_calls_while_the_program_compiles_run_on_the_host_and_leave_it_cores(monkeypatch):
     """A call made while the device's run (its compilation) is under way in the background runs on the host
-    with HOST_CORES_FOR_COMPILING cores fewer, and starts no second compilation of the same program."""
+    with HOST_CORES_FOR_COMPILING cores fewer, and starts no second compilation, of that program or another
+    (one at a time)."""
     import threading
 
     from pauliprop.propagation import native
@@ -962,6 +963,8 @@ def test_calls_while_the_program_compiles_run_on_the_host_and_leave_it_cores(mon
         first = float(pp.expectation(c, h, params, truncation=truncation))
         at = len(host)  # the first call's native runs (one more each time its buffers grew)
         second = float(pp.expectation(c, h, params, truncation=truncation))
+        other = pp.Circuit(9).rx(0, 0.3).rzz(0, 8, 0.2)  # another shape, whose program is not compiled either
+        pp.expectation(other, pp.PauliSum.from_labels({"ZIIIIIIIZ": 1.0}), truncation=truncation)
         assert background.started() == started + 1
     finally:
         release.set()

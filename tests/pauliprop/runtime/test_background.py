@@ -1,5 +1,6 @@
-"""Jobs in a background thread (pauliprop/runtime/background.py): one at a time per key, joined by wait(), and a
-failure reported (a warning naming it) and forgotten, never raised into an unrelated call."""
+"""Jobs in a background thread (pauliprop/runtime/background.py): one at a time per key (or one at all: alone),
+joined by wait(), and a failure reported (a warning naming it) and forgotten, never raised into an unrelated
+call."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ def test_a_key_runs_one_job_at_a_time_and_wait_joins_them():
     gate, ran = threading.Event(), []
     started = background.started()
     assert background.start("k", lambda: gate.wait(30) and ran.append(1), "a job")
-    assert background.running("k") and not background.start("k", lambda: ran.append(2), "the same key")
+    assert background.running("k") and background.busy()
+    assert not background.start("k", lambda: ran.append(2), "the same key")
+    assert not background.start("other", lambda: ran.append(2), "another key, alone", alone=True)
     assert background.start("other", lambda: ran.append(3), "another key")
     assert not background.wait(0.05)  # "k" waits on the gate
     gate.set()
-    assert background.wait(30) and sorted(ran) == [1, 3] and not background.running("k")
+    assert background.wait(30) and sorted(ran) == [1, 3] and not background.running("k") and not background.busy()
     assert background.started() == started + 2
     assert background.start("k", lambda: ran.append(4), "the key again, once done") and background.wait(30)
     assert sorted(ran) == [1, 3, 4]
