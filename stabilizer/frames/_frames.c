@@ -242,6 +242,23 @@ static void gate_masks(const i32 *forward, int g, u64 m[4][4]) {
         for (int out = 0; out < 4; out++) m[out][in] = ((forward[16 * g + (1 << in)] >> out) & 1) ? ~0ULL : 0;
 }
 
+/* Op pc's flip noise on the records its n slots write (MEASURE's and MPAD's): each shot's record bit flips where
+ * the op's one-event channel hits it. */
+static void flip_records(const frames_args *a, i64 pc, const i32 *sl, int n, i64 base, u64 *record, rng_t *rng,
+                         i64 cw) {
+    const i64 cbits = 64 * cw;
+    channel_t c;
+    channel(&c, a->probs + EVENTS * pc, 1);
+    hits_t h = hits(&c, rng, n * cbits);
+    i64 position;
+    int event;
+    while (next_hit(&h, &position, &event)) {
+        const i32 *s = sl + SLOT * (position / cbits);
+        i64 bit = position % cbits;
+        if (s[2] >= 0 && base + s[2] < a->records) record[(base + s[2]) * cw + bit / 64] ^= 1ULL << (bit % 64);
+    }
+}
+
 static void run_chunk(const frames_args *a, chunk_buffers *b, rng_t *rng, i64 cw) {
     const i64 cbits = 64 * cw;
     u64 *x = b->x, *z = b->z, *record = b->record, *chain = b->chain, *fire = b->fire;
@@ -291,18 +308,7 @@ static void run_chunk(const frames_args *a, chunk_buffers *b, rng_t *rng, i64 cw
                 if (recorded && s[2] >= 0 && base + s[2] < a->records)
                     memcpy(record + (base + s[2]) * cw, x + s[0] * cw, sizeof(u64) * (size_t)cw);
             }
-            channel_t c;
-            channel(&c, a->probs + EVENTS * pc, 1);
-            if (recorded) {
-                hits_t h = hits(&c, rng, n * cbits);
-                i64 position;
-                int event;
-                while (next_hit(&h, &position, &event)) {
-                    const i32 *s = sl + SLOT * (position / cbits);
-                    i64 bit = position % cbits;
-                    if (s[2] >= 0 && base + s[2] < a->records) record[(base + s[2]) * cw + bit / 64] ^= 1ULL << (bit % 64);
-                }
-            }
+            if (recorded) flip_records(a, pc, sl, n, base, record, rng, cw);
             for (int j = 0; j < n; j++) {
                 const i32 *s = sl + SLOT * j;
                 u64 *xa = x + s[0] * cw, *za = z + s[0] * cw;
@@ -358,17 +364,7 @@ static void run_chunk(const frames_args *a, chunk_buffers *b, rng_t *rng, i64 cw
             break;
         }
         case MPAD: {
-            if (op[3] <= 0) break;
-            channel_t c;
-            channel(&c, a->probs + EVENTS * pc, 1);
-            hits_t h = hits(&c, rng, n * cbits);
-            i64 position;
-            int event;
-            while (next_hit(&h, &position, &event)) {
-                const i32 *s = sl + SLOT * (position / cbits);
-                i64 bit = position % cbits;
-                if (s[2] >= 0 && base + s[2] < a->records) record[(base + s[2]) * cw + bit / 64] ^= 1ULL << (bit % 64);
-            }
+            if (op[3] > 0) flip_records(a, pc, sl, n, base, record, rng, cw);
             break;
         }
         default:
