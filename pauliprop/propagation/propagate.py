@@ -38,8 +38,8 @@ from ..algebra.overlap import parse_state
 from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
 from ..runtime.batching import batched, vmap_shared
-from ..runtime import memory
-from ..runtime.compilation import Jitted
+from ..runtime import background, memory
+from ..runtime.compilation import Jitted, signature
 from . import adjoint, engine, merge, program, schedule, tiled
 from .truncation import NO_TRUNCATION, OFF, RULES, Truncation
 from ..runtime import devices
@@ -874,9 +874,6 @@ def _host_first(call: _TiledCall, circuit: Circuit, obs: PauliSum, params, want_
     jitted, args = call.first_program()
     if jitted.ready(*args):
         return None
-    from ..runtime import background
-    from ..runtime.compilation import signature
-
     key = ("tiled", jitted, signature(args))
     # one host core short, OpenMP's barriers wait on a preempted thread: leave cores to a compilation under way
     threads = _native_module().threads() - HOST_CORES_FOR_COMPILING if background.busy() else None
