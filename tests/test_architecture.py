@@ -3,7 +3,7 @@
 * their import contracts hold (pyproject.toml's [tool.importlinter], run by import-linter): each
   folder's imports point one way, no circle between siblings at any depth, optional extras only
   where pauliprop converts or plots and stim only where stabilizer converts to Stim's objects, and of
-  pauliprop stabilizer reads only the gate table;
+  pauliprop stabilizer reads only the gate table (and the Pallas kernels' dialect stand-in);
 * no circle of imports among their modules (grimp's graph, which holds the imports inside functions
   too, the usual hiding place of a circle);
 * no private name (one leading underscore) is used outside the module that defines it: no

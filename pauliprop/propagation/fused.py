@@ -45,8 +45,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ..runtime import mlir_dialects
 from . import pairing, schedule
 from .truncation import Limits, violations
+
+mlir_dialects.register()  # the kernels' lowering without a failed import an op
 
 BLOCK = 1024  # words a program handles
 NUM_WARPS = 4

@@ -37,6 +37,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pauliprop.runtime import mlir_dialects
+
+mlir_dialects.register()  # the kernels' lowering without a failed import an op
+
 MAX_BLOCK_WORDS = 128
 
 
