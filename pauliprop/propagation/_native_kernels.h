@@ -261,8 +261,9 @@ EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot
 }
 
 /* rotations() on up to `threads` threads (OpenMP; one where the library was built without it): each rotation's
- * turning lists by ranges of buckets, then, where every bucket has room, its bucket pairs by ranges of pairs, each
- * thread with its own table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops:
+ * turning lists by ranges of buckets, then, where every bucket has room, its bucket pairs by ranges of pairs, the
+ * ranges (RANGES_PER_THREAD a thread) handed out one at a time as threads come free, so a thread that is slowed
+ * (preempted, or given the busier buckets) holds up one range, not a thread's share; each thread with its own table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops:
  * threads rows of 3). The same values and terms as on one thread (a pair's arithmetic does not depend on who
  * does it); the dropped norms are summed in another order. out as rotations()'s. */
 EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *rot_cos, const CT *rot_sin,
@@ -274,20 +275,22 @@ EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *r
     i64 stop = end, stop_need = 0;
 #pragma omp parallel num_threads((int)threads)
     {
-        i64 part = omp_get_thread_num(), parts = omp_get_num_threads();
+        i64 part = omp_get_thread_num(), ranges = RANGES_PER_THREAD * omp_get_num_threads();
         for (i64 g = first; g < end; g++) {
-            turning(g, part, parts, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
-#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+            for (i64 r = 0; r < ranges; r++)
+                turning(g, r, ranges, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
 #pragma omp single
             {
                 i64 n = need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w);
                 if (n > 0) stop = g, stop_need = n;
             } /* (a barrier: every thread reads stop_need as written) */
             if (stop_need > 0) break;
-            NAME(pairs)(g, rot_cos[g], rot_sin[g], part, parts, gens, words, coeffs, sins, gone, holes, partner, turning_,
-                        tables + part * table_size, bucket_count, buckets, slots, turning_count, hashes, w, max_weight,
-                        min_abs, max_sins, drops + 3 * part);
-#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+            for (i64 r = 0; r < ranges; r++)
+                NAME(pairs)(g, rot_cos[g], rot_sin[g], r, ranges, gens, words, coeffs, sins, gone, holes, partner,
+                            turning_, tables + part * table_size, bucket_count, buckets, slots, turning_count, hashes,
+                            w, max_weight, min_abs, max_sins, drops + 3 * part);
 #pragma omp single
             {
                 i64 n = 0;
@@ -383,18 +386,40 @@ EXPORT void NAME(run)(const circuit_tables *t, workspace *ws, u32 *hashes, i64 u
     }
 }
 
-/* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts). */
-EXPORT void NAME(rebucket)(const u32 *words, const CT *coeffs, const i32 *sins, const i64 *bucket_count, i64 buckets,
-                           i64 cap, u32 *new_words, CT *new_coeffs, i32 *new_sins, i64 *new_count, i64 new_cap,
-                           const u32 *hashes, i64 k, i64 w) {
-    for (i64 bucket = 0; bucket < buckets; bucket++)
-        for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++) {
-            i64 b = bucket_of(words + i * 2 * w, hashes, k, w);
-            i64 d = b * new_cap + new_count[b]++;
-            memcpy(new_words + d * 2 * w, words + i * 2 * w, 2 * (size_t)w * sizeof(u32));
-            new_coeffs[d] = coeffs[i];
-            new_sins[d] = sins[i];
+/* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts), on up to
+ * `threads` threads: each part's words of a new bucket after the earlier parts' (layout_parts), so every word lands
+ * where one thread, bucket after bucket, puts it. */
+EXPORT void NAME(rebucket)(i64 threads, const u32 *words, const CT *coeffs, const i32 *sins, const i64 *bucket_count,
+                           i64 buckets, i64 cap, u32 *new_words, CT *new_coeffs, i32 *new_sins, i64 *new_count,
+                           i64 new_cap, const u32 *hashes, i64 k, i64 w) {
+    i64 parts = layout_parts(threads, buckets, k), nb = INT64_C(1) << k;
+    i64 *next = NULL; /* next[p << k | b]: the slot in new bucket b of part p's next word */
+    if (parts > 1) {
+        next = (i64 *)calloc((size_t)(parts << k), sizeof(i64));
+        part_counts(words, bucket_count, buckets, cap, hashes, k, w, parts, next);
+        for (i64 b = 0; b < nb; b++) {
+            i64 at = new_count[b];
+            for (i64 p = 0; p < parts; p++) {
+                i64 c = next[(p << k) | b];
+                next[(p << k) | b] = at;
+                at += c;
+            }
+            new_count[b] = at;
         }
+    }
+#pragma omp parallel for schedule(static, 1) num_threads((int)parts) if (parts > 1)
+    for (i64 p = 0; p < parts; p++) {
+        i64 *at = parts > 1 ? next + (p << k) : new_count; /* one part: the counts are the next slots */
+        for (i64 bucket = p * buckets / parts; bucket < (p + 1) * buckets / parts; bucket++)
+            for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++) {
+                i64 b = bucket_of(words + i * 2 * w, hashes, k, w);
+                i64 d = b * new_cap + at[b]++;
+                memcpy(new_words + d * 2 * w, words + i * 2 * w, 2 * (size_t)w * sizeof(u32));
+                new_coeffs[d] = coeffs[i];
+                new_sins[d] = sins[i];
+            }
+    }
+    free(next);
 }
 
 /* sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors: table (32 W, 4)). */

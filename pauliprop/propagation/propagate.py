@@ -963,7 +963,8 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
             break
         # more buckets for more words, or larger ones
         k, bits = ws.bucket_bits, native.bucket_bits(ws.n)
-        bigger, slots = native.laid_out(ws, hashes, max(k, bits), 2 * ws.cap if bits <= k else 0, most)
+        bigger, slots = native.laid_out(ws, hashes, max(k, bits), 2 * ws.cap if bits <= k else 0, most,
+                                        threads_at_most)
         if bigger is None:
             raise MemoryError(
                 f"propagation needs {slots} term slots at {operation_at(low, at.unit)} ({ws.n} live words in "

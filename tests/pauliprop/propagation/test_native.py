@@ -223,6 +223,38 @@ def test_every_word_stays_in_the_bucket_its_functionals_give():
             np.testing.assert_array_equal(sum(bits), b)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 5])
+@pytest.mark.parametrize("k_from,k_to", [(0, 4), (3, 3), (4, 6), (5, 2)])
+def test_a_layout_on_threads_puts_every_word_where_one_thread_does(monkeypatch, threads, k_from, k_to):
+    """laid_out on several threads (the source buckets in ranges, each range's words of a new bucket after the
+    earlier ranges'): the same words, coefficients, sines and counts in the same slots as on one thread."""
+    if not native.OPENMP:
+        pytest.skip("the native engine's C library was built without OpenMP: layouts run on one thread")
+    rng = np.random.default_rng(100 * threads + 10 * k_from + k_to)
+    lanes, n = 3, 3000
+    words = np.unique(rng.integers(0, 1 << 32, (n, 2 * lanes), dtype=np.uint32), axis=0)
+    rng.shuffle(words)
+    coeffs = rng.normal(size=len(words))
+    hashes = native.hash_rows(lanes)
+    source, _ = native.laid_out(native.loaded(words, coeffs, np.float64), hashes, k_from, 0, 1 << 24)
+    source.sins[:] = rng.integers(0, 9, len(source.sins), dtype=np.int32)
+    monkeypatch.setattr(native, "THREAD_MIN", 0)
+    layouts = {}
+    for t in (1, threads):
+        monkeypatch.setenv(native.THREADS, str(t))
+        layouts[t], _ = native.laid_out(source, hashes, k_to, 2 * source.cap, 1 << 24)
+    one, many = layouts[1], layouts[threads]
+    np.testing.assert_array_equal(one.count, many.count)
+    assert one.cap == many.cap and one.n == len(words)
+    for b, live in enumerate(one.count.tolist()):
+        rows = slice(b * one.cap, b * one.cap + live)
+        np.testing.assert_array_equal(one.words[rows], many.words[rows])
+        np.testing.assert_array_equal(one.coeffs[rows], many.coeffs[rows])
+        np.testing.assert_array_equal(one.sins[rows], many.sins[rows])
+        bits = [(clifford.popcount(one.words[rows] & hashes[r]).sum(-1) & 1) << r for r in range(k_to)]
+        np.testing.assert_array_equal(sum(bits, np.zeros(live, np.int64)), b)
+
+
 def _observable_words(h: pp.PauliSum):
     words, coeffs, _ = prop.tiled.host_merge(h.x, h.z, h.coeffs, pp.Truncation())
     return words, coeffs
