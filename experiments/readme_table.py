@@ -43,7 +43,7 @@ def rows() -> list[list[str]]:
     out = []
     # ours on the GPU (fused.py; a first call whose program is not compiled answered by the native engine on the
     # host while it compiles), the native peers on the host's 16 cores
-    f = "native_peers_h200_2026-11-29_hostfirst.json"
+    f = "native_peers_h200_2026-11-29_final.json"
     d = _load(f)
     rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
                                                 and r.get("status") == "ok" and (process is None or r["process"] == process))

@@ -778,8 +778,14 @@ class _TiledCall(NamedTuple):
     def first_program(self) -> tuple:
         """(the first program, the signature of its arguments): what `ready` and a background job's key read."""
         program = _tiled_jit(tiled_config(self.low, self.truncation, self.capacity, self.backend), self.backend)
-        work = jax.eval_shape(partial(tiled.empty_work, self.capacity, self.lanes, self.dtype))
-        return program, self.first_args(work)
+        return program, self.first_args(_work_shape(self.capacity, self.lanes, np.dtype(self.dtype).name))
+
+
+@functools.cache
+def _work_shape(capacity: int, lanes: int, dtype: str):
+    """The shapes and dtypes of a run's buffers (jax.ShapeDtypeStruct): made once, since every GPU call asks whether
+    its program is ready (tracing them each time cost the kicked Ising's 25 ms warm call about 3 ms)."""
+    return jax.eval_shape(partial(tiled.empty_work, capacity, lanes, dtype))
 
 
 def _tiled_call(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, max_capacity: int,

@@ -103,12 +103,19 @@ def _environment(backend: str) -> tuple:
             bool(jax.config.jax_enable_x64))
 
 
+@functools.cache
+def _dtype_name(dtype) -> str:
+    """numpy's name of a dtype (asked once a dtype: numpy computes it in Python, and a GPU call's signature
+    has some fifty leaves)."""
+    return np.dtype(dtype).name
+
+
 def _leaf_type(x) -> tuple:
     dtype = getattr(x, "dtype", None)
     if dtype is None:  # a Python scalar: a weak type
         return (), np.dtype(np.result_type(x)).name, True
     shape = x.shape if hasattr(x, "shape") else np.shape(x)  # arrays, numpy scalars, jax.ShapeDtypeStruct
-    return tuple(shape), np.dtype(dtype).name, bool(getattr(x, "weak_type", False))
+    return tuple(shape), _dtype_name(dtype), bool(getattr(x, "weak_type", False))
 
 
 def signature(args) -> tuple:
