@@ -42,27 +42,36 @@ def _row(workload, d, ours, peer_name, peer, files, note="") -> list[str]:
 def rows() -> list[list[str]]:
     out = []
     # ours on the GPU (fused.py; a first call whose program is not compiled answered by the native engine on the
-    # host while it compiles), the native peers on the host's 16 cores
-    f = "native_peers_h200_2026-11-29_final.json"
-    d = _load(f)
-    rec = lambda tool, case, process=None: next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case)
-                                                and r.get("status") == "ok" and (process is None or r["process"] == process))
+    # host while it compiles), the native peers on the host's 16 cores: each case from the newest file holding it
+    # (a file is one lease: ours and the peers side by side)
+    files = ("native_peers_h200_2026-11-29_masked_loads.json", "native_peers_h200_2026-11-29_final.json")
+    loaded = {f: _load(f) for f in files}
 
-    def faster(case, key):
+    def source(case):
+        """(file, its data) of the newest run of this case."""
+        return next((f, d) for f, d in loaded.items() if any(r["case"] == case for r in d["records"]))
+
+    def rec(d, tool, case, process=None):
+        return next(r for r in d["records"] if (r["tool"], r["case"]) == (tool, case) and r.get("status") == "ok"
+                    and (process is None or r["process"] == process))
+
+    def faster(d, case, key):
         """(name, seconds) of the faster native peer on this case, by `key`."""
-        best = min(("paulistrings", "monoprop"), key=lambda t: rec(t, case)[key])
-        return f"{'paulistrings-rs' if best == 'paulistrings' else 'monoprop'} (16 cores)", rec(best, case)[key]
+        best = min(("paulistrings", "monoprop"), key=lambda t: rec(d, t, case)[key])
+        return f"{'paulistrings-rs' if best == 'paulistrings' else 'monoprop'} (16 cores)", rec(d, best, case)[key]
 
     for case, what in (("KI theta_h=pi/4", "127-qubit kicked Ising <Z62> at pi/4 (1e-4, weight 8)"),
                        ("2D Ising L=4", "2D Ising 4x4 (monoprop's benchmark, 1e-6, 2.0M terms)"),
                        ("2D Ising L=6", "2D Ising 6x6 (5.3M terms)"), ("2D Ising L=8", "2D Ising 8x8 (5.5M terms)")):
-        name, peer = faster(case, "warm_call_s")
-        out.append(_row(f"{what}, warm", d, rec("ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
+        f, d = source(case)
+        name, peer = faster(d, case, "warm_call_s")
+        out.append(_row(f"{what}, warm", d, rec(d, "ours", case, "empty cache")["warm_call_s"], name, peer, [f]))
     for case, what in (("KI theta_h=pi/4", "kicked Ising"), ("2D Ising L=4", "2D Ising 4x4"),
                        ("2D Ising L=6", "2D Ising 6x6"), ("2D Ising L=8", "2D Ising 8x8")):
-        name, peer = faster(case, "first_call_s")
+        f, d = source(case)
+        name, peer = faster(d, case, "first_call_s")
         for process in ("empty cache", "filled cache"):
-            ours = rec("ours", case, process)
+            ours = rec(d, "ours", case, process)
             host = " (on the host)" if ours.get("first_call_answered_by", "").startswith("host") else ""
             out.append(_row(f"{what}, first call in a fresh process, {process.replace('cache', 'compilation cache')}",
                             d, ours["first_call_s"], name, peer, [f], host))
@@ -72,11 +81,11 @@ def rows() -> list[list[str]]:
     d = _load(f)
     for case, what in (("KI theta_h=pi/4", "kicked Ising at pi/4"), ("KI theta_h=pi/8", "kicked Ising at pi/8"),
                        ("2D Ising L=4", "2D Ising 4x4")):
-        peer = rec("paulistrings", case)
-        out.append(_row(f"{what} on 2 CPU cores, warm", d, rec("ours", case, "empty cache")["warm_call_s"],
+        peer = rec(d, "paulistrings", case)
+        out.append(_row(f"{what} on 2 CPU cores, warm", d, rec(d, "ours", case, "empty cache")["warm_call_s"],
                         "paulistrings-rs (2 cores)", peer["warm_call_s"], [f]))
         out.append(_row(f"{what} on 2 CPU cores, first call in a fresh process, empty cache", d,
-                        rec("ours", case, "empty cache")["first_call_s"], "paulistrings-rs (2 cores)",
+                        rec(d, "ours", case, "empty cache")["first_call_s"], "paulistrings-rs (2 cores)",
                         peer["first_call_s"], [f]))
     f, g = "kicked_ising_sweep_h100_2026-11-25_late.json", "kicked_ising_sweep_h100_2026-11-25_late_cold.json"
     d = _load(f)

@@ -130,13 +130,16 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         t = (i < n) & (p != pairing.NOT_TURNING)
         lone = t & (p == pairing.UNPAIRED)
         r = row * most + jnp.where(t, r, 0)
-        w = [words_in[i, k] for k in range(2 * lanes)]
+        # only the words that write read their words, coefficients and sines (the count: the lone ones), so a
+        # block's lines where none does are not fetched
+        reads = lone if count_only else t
+        w = [plgpu.load(words_in.at[i, k], mask=reads, other=0) for k in range(2 * lanes)]
         g = [gens[r, k] for k in range(2 * lanes)]
         x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
-        c = coeffs_in[i]
+        c = plgpu.load(coeffs_in.at[i], mask=reads, other=0)
         dtype = c.dtype
         sgn = _product_sign(x, z, gx, gz).astype(dtype)  # i G P = sgn (P xor G)
-        s = sins_in[i]
+        s = plgpu.load(sins_in.at[i], mask=reads, other=0)
         weight_p = sum(_popcount(x[k] | z[k]) for k in range(lanes))
         weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
         cs, sn = cos[r].astype(dtype), sin[r].astype(dtype)
@@ -406,7 +409,7 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
         i = first + jnp.arange(bw, dtype=jnp.int32)
         look = (i < n) & (partner[i] == pairing.LOOKUP)
         r = row * 32 * lanes + jnp.where(look, rot[i], 0)
-        target = [words[i, k] ^ gens[r, k] for k in range(2 * lanes)]
+        target = [plgpu.load(words.at[i, k], mask=look, other=0) ^ gens[r, k] for k in range(2 * lanes)]
 
         def step(c):
             active, s, found = c
