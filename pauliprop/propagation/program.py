@@ -49,6 +49,8 @@ class Program(NamedTuple):
 
 
 _IDENTITY_TABLE = np.arange(16, dtype=np.int32)
+_ONES = np.ones(16)  # a row's sign where nothing changes sign (shared by the rows; never written)
+_ONES.flags.writeable = False
 
 
 def _table_1q(image, sign):
@@ -84,51 +86,58 @@ def channel_factors(ins) -> np.ndarray:
 
 
 def lower(circuit: Circuit) -> Program:
-    """Build the Program of a circuit (host-side, once per circuit)."""
+    """Build the Program of a circuit (host-side, once per circuit). Column by column: a row's table and
+    sign are shared arrays (a gate's cached ones, or the identity's), stacked once at the end (the 127-qubit
+    kicked Ising's 5,420 rows: 0.15 s with a dict and fresh arrays a row, 2-core CPU)."""
     n = circuit.num_qubits
     w = words.num_lanes(n)
-    rows = []
+    kind, qubits, table, sign, gen, param_index, scale, offset = ([] for _ in range(8))
     for ins in circuit.instructions:
         g = ins.gate
-        row = dict(kind=CLIFFORD, qubits=(ins.qubits[0], ins.qubits[-1]), table=_IDENTITY_TABLE, sign=np.ones(16),
-                   gen=None, param_index=-1, scale=0.0, offset=0.0)
+        row_kind, row_table, row_sign, row_gen, row_param, row_scale, row_offset = \
+            CLIFFORD, _IDENTITY_TABLE, _ONES, None, -1, 0.0, 0.0
         if g.kind == "clifford":
             if g.name == "id":
                 continue
-            row["table"], row["sign"] = clifford_table(g)
+            row_table, row_sign = clifford_table(g)
         elif g.kind == "rotation":
             word = {q: ch for q, ch in zip(ins.qubits, ins.generator) if ch != "I"}
             angle = g.fixed_angle if g.fixed_angle is not None else ins.args[0]
             if not word:
                 continue  # exp(-i a/2 I) is a global phase
-            row["gen"] = word
+            row_gen = word
             if isinstance(angle, Param):
-                row.update(kind=ROTATION, param_index=angle.index, scale=angle.scale, offset=angle.offset)
+                row_kind, row_param, row_scale, row_offset = ROTATION, angle.index, angle.scale, angle.offset
             else:
                 k = gates.quarter_turns(angle)
                 if k is not None and k % 4 == 0:
                     continue  # identity up to phase
-                row.update(kind=QUARTER if k is not None else ROTATION, offset=float(angle if k is None else k * math.pi / 2))
-        else:  # channel
-            if g.name == "amplitude_damp":
-                row.update(kind=DAMP, offset=ins.args[0])
-            else:
-                sign = np.ones(16)
-                sign[:4] = channel_factors(ins)
-                row.update(kind=CHANNEL, sign=sign)
-        rows.append(row)
+                row_kind = QUARTER if k is not None else ROTATION
+                row_offset = float(angle if k is None else k * math.pi / 2)
+        elif g.name == "amplitude_damp":  # channels
+            row_kind, row_offset = DAMP, ins.args[0]
+        else:
+            row_kind, row_sign = CHANNEL, np.concatenate([channel_factors(ins), _ONES[4:]])
+        kind.append(row_kind)
+        qubits.append((ins.qubits[0], ins.qubits[-1]))
+        table.append(row_table)
+        sign.append(row_sign)
+        gen.append(row_gen or {})
+        param_index.append(row_param)
+        scale.append(row_scale)
+        offset.append(row_offset)
 
-    L = len(rows)
-    gx, gz = words.pack([r["gen"] or {} for r in rows], n) if L else (np.zeros((0, w), np.uint32),) * 2
+    L = len(kind)
+    gx, gz = words.pack(gen, n) if L else (np.zeros((0, w), np.uint32),) * 2
     return Program(
-        kind=np.array([r["kind"] for r in rows], dtype=np.int32),
-        qubits=np.array([r["qubits"] for r in rows], dtype=np.int32).reshape(L, 2),
-        table=np.array([r["table"] for r in rows], dtype=np.int32).reshape(L, 16),
-        sign=np.array([r["sign"] for r in rows], dtype=float).reshape(L, 16),
+        kind=np.array(kind, dtype=np.int32),
+        qubits=np.array(qubits, dtype=np.int32).reshape(L, 2),
+        table=np.array(table, dtype=np.int32).reshape(L, 16),
+        sign=np.array(sign, dtype=float).reshape(L, 16),
         gx=gx.reshape(L, w), gz=gz.reshape(L, w),
-        param_index=np.array([r["param_index"] for r in rows], dtype=np.int32),
-        scale=np.array([r["scale"] for r in rows], dtype=float),
-        offset=np.array([r["offset"] for r in rows], dtype=float),
+        param_index=np.array(param_index, dtype=np.int32),
+        scale=np.array(scale, dtype=float),
+        offset=np.array(offset, dtype=float),
         num_qubits=n,
         num_params=circuit.num_params,
     )

@@ -120,16 +120,6 @@ def _local_quarter_table(local: tuple, turns: int, one_qubit: bool):
     return (bit(rx, 0) | bit(rz, 0) << 1 | bit(rx, 1) << 2 | bit(rz, 1) << 3).astype(np.int32), sign
 
 
-def _support(row_gx, row_gz) -> set[int]:
-    qubits = set()
-    for lane, bits in enumerate((row_gx | row_gz).tolist()):
-        while bits:
-            low = bits & -bits
-            qubits.add(lane * 32 + low.bit_length() - 1)
-            bits ^= low
-    return qubits
-
-
 def prefer_dense(num_gates: int, num_lanes: int, backend: str) -> bool:
     """Whether a Clifford run is cheaper as one dense map than gate by gate (a cost model).
 
@@ -151,9 +141,11 @@ def schedule(prog: program.Program, weight_each_gate: bool = False, backend: str
     word after the gate that made it too heavy (truncation per gate with max_weight).
     """
     n, w = prog.num_qubits, words.num_lanes(prog.num_qubits)
-    steps: list[list] = [[MERGE, [-1], set()]]  # [kind, [rows], qubits a LAYER step holds]
+    masks = program.row_masks(prog)  # each row's qubits as a bit mask
+    steps: list[list] = [[MERGE, [-1], 0]]  # [kind, [rows], the qubits a LAYER step holds (a bit mask)]
+    kinds = prog.kind.tolist()
     for r in range(prog.length - 1, -1, -1):
-        k = int(prog.kind[r])
+        k = kinds[r]
         if k in (program.CLIFFORD, program.QUARTER):
             kind = CLIFFORD
         elif k == program.ROTATION:
@@ -163,7 +155,7 @@ def schedule(prog: program.Program, weight_each_gate: bool = False, backend: str
         else:
             kind = MERGE
         last = steps[-1]
-        support = _support(prog.gx[r], prog.gz[r]) if kind == LAYER else set()
+        support = masks[r] if kind == LAYER else 0
         if kind == LAYER and last[0] == LAYER:
             if not (support & last[2]):
                 last[1].append(r)
@@ -180,7 +172,7 @@ def schedule(prog: program.Program, weight_each_gate: bool = False, backend: str
         dense = False
         if kind == CLIFFORD:
             dense = not weight_each_gate and prefer_dense(len(rows), w, backend)
-            elems = [_clifford_element(prog, r, w) for r in rows]
+            elems = [_clifford_element(prog, r, w, masks[r]) for r in rows]
             if dense:
                 start = len(maps)
                 maps.append(_compose(elems, w))
@@ -234,20 +226,28 @@ def schedule(prog: program.Program, weight_each_gate: bool = False, backend: str
     )
 
 
-def _clifford_element(prog: program.Program, r: int, w: int):
-    """(kind, qubits, table, sign, gx, gz, turns, row) of one Clifford row."""
-    zero = np.zeros(w, np.uint32)
+def _clifford_element(prog: program.Program, r: int, w: int, mask: int):
+    """(kind, qubits, table, sign, gx, gz, turns, row) of one Clifford row; mask: its qubits (program.row_masks).
+    The arrays may be shared (schedule stacks them into new ones)."""
+    zero = _zero_lanes(w)
     if int(prog.kind[r]) == program.CLIFFORD:
         return (TABLE, tuple(int(q) for q in prog.qubits[r]), prog.table[r], prog.sign[r].astype(np.int8),
                 zero, zero, 0, r)
     turns = int(round(float(prog.offset[r]) / (math.pi / 2))) % 4
-    support = sorted(_support(prog.gx[r], prog.gz[r]))
-    if len(support) <= 2:
-        a, b = support[0], support[-1]
-        table, sign = quarter_table(prog.gx[r], prog.gz[r], turns, a, b)
+    a, b = (mask & -mask).bit_length() - 1, mask.bit_length() - 1  # its lowest and highest qubit
+    if bin(mask).count("1") <= 2:
+        site = lambda lanes, q: int((lanes[q // 32] >> np.uint32(q % 32)) & 1)
+        gx, gz = prog.gx[r], prog.gz[r]
+        table, sign = _local_quarter_table((site(gx, a), site(gz, a), site(gx, b), site(gz, b)), turns, a == b)
         return TABLE, (a, b), table, sign.astype(np.int8), zero, zero, 0, r
-    return (GENERATOR, (support[0], support[-1]), np.arange(16, dtype=np.int32), np.ones(16, np.int8),
-            prog.gx[r], prog.gz[r], turns, r)
+    return (GENERATOR, (a, b), np.arange(16, dtype=np.int32), np.ones(16, np.int8), prog.gx[r], prog.gz[r], turns, r)
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_lanes(w: int) -> np.ndarray:
+    zero = np.zeros(w, np.uint32)
+    zero.flags.writeable = False
+    return zero
 
 
 _COMPOSED: dict = {}  # _compose's memo: the elements' content -> the map (the 64 newest)
