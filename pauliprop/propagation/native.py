@@ -27,7 +27,8 @@ run, the GIL released throughout, so a thread that traces a GPU program beside i
 per coefficient type (float64, float32). From THREAD_MIN live words a unit runs on several threads
 (OpenMP, where the compiler had it; PAULIPROP_NATIVE_THREADS, default every core the process may use):
 Clifford runs, channels and rules by buckets; a rotation's turning lists by ranges of buckets, then its
-bucket pairs by ranges of pairs, a barrier between.
+bucket pairs by ranges of pairs (8 ranges a thread, handed out as threads come free), a barrier between;
+a layout (laid_out) by ranges of the old buckets, each word where one thread puts it.
 
 Importing this module fails (ImportError) where the C library was not built (no C compiler at install:
 setup.py builds it as optional); propagate.native_engine then runs CPUs' concrete calls on XLA's engines.
