@@ -76,7 +76,7 @@ def test_the_device_pass_equals_the_reference_across_lanes(data):
     ops = data.draw(clifford_ops(len(sites), 24))
     c = build(n, ops, site=sites)
     prog = P.lower(c)
-    m = S._compose([S._clifford_element(prog, r, 3) for r in reversed(range(prog.length))], 3)
+    m = S._compose([S._clifford_element(prog, r, 3, mask) for r, mask in reversed(list(enumerate(P.row_masks(prog))))], 3)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     words = [{int(q): "XYZ"[rng.integers(3)] for q in rng.choice(sites + [5, 40], rng.integers(0, 6), replace=False)}
              for _ in range(200)]
@@ -96,7 +96,7 @@ def test_the_byte_tables_equal_the_generator_by_generator_map_on_dense_words(dat
     n = 64
     ops = data.draw(clifford_ops(n, 30))
     prog = P.lower(build(n, ops))
-    m = S._compose([S._clifford_element(prog, r, 2) for r in reversed(range(prog.length))], 2)
+    m = S._compose([S._clifford_element(prog, r, 2, mask) for r, mask in reversed(list(enumerate(P.row_masks(prog))))], 2)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     x = rng.integers(0, 2**32, (300, 2), dtype=np.uint32)
     z = rng.integers(0, 2**32, (300, 2), dtype=np.uint32)
@@ -147,7 +147,7 @@ def test_a_map_that_fixes_the_z_generators_skips_their_bytes_and_equals_the_refe
     if other:
         ops.insert(data.draw(st.integers(0, len(ops))), (other, [sites[0]], (), None))
     prog = P.lower(build(n, ops))
-    m = S._compose([S._clifford_element(prog, r, 2) for r in reversed(range(prog.length))], 2)
+    m = S._compose([S._clifford_element(prog, r, 2, mask) for r, mask in reversed(list(enumerate(P.row_masks(prog))))], 2)
     assert bool(K.fixes_z(m.image_x, m.image_z, m.phase)) == (other is None)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     x = rng.integers(0, 2**32, (300, 2), dtype=np.uint32)
