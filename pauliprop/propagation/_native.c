@@ -256,21 +256,22 @@ EXPORT i64 need(i64 g, const u32 *gens, const i64 *bucket_count, i64 buckets, i6
     return most;
 }
 
-/* A layout's passes over the live words (count_buckets, rebucket) on threads: the source buckets in `parts`
+/* A layout's passes over the live words (count_buckets, then rebucket) on threads: the source buckets in `parts`
  * ranges in order (part p: [p buckets / parts, (p + 1) buckets / parts)), each part counting its words of every new
- * bucket, so a part's words can be placed after the earlier parts' as one thread would place them. The parts: at
- * most the threads and the buckets, and few enough that their counts (parts << k) stay within PART_COUNTS. */
+ * bucket, so that rebucket places a part's words after the earlier parts' as one thread would. The parts: at most
+ * the threads and the buckets, and few enough that their counts (parts << k) stay within PART_COUNTS. */
 enum { PART_COUNTS = 1 << 22 };
 
-static i64 layout_parts(i64 threads, i64 buckets, i64 k) {
+EXPORT i64 layout_parts(i64 threads, i64 buckets, i64 k) {
     i64 parts = threads < buckets ? threads : buckets;
     while (parts > 1 && (parts << k) > PART_COUNTS) parts--;
     return parts < 1 ? 1 : parts;
 }
 
-/* counts[p << k | b]: part p's live words that fall in bucket b of 2^k by the hashes */
-static void part_counts(const u32 *words, const i64 *bucket_count, i64 buckets, i64 cap, const u32 *hashes, i64 k,
-                        i64 w, i64 parts, i64 *counts) {
+/* counts[p << k | b] += part p's live words (in buckets of cap slots) that fall in bucket b of 2^k by the hashes,
+ * each part on a thread of its own (parts: layout_parts's) */
+EXPORT void count_buckets(i64 parts, const u32 *words, const i64 *bucket_count, i64 buckets, i64 cap,
+                          const u32 *hashes, i64 k, i64 *counts, i64 w) {
 #pragma omp parallel for schedule(static, 1) num_threads((int)parts) if (parts > 1)
     for (i64 p = 0; p < parts; p++) {
         i64 *mine = counts + (p << k);
@@ -278,18 +279,6 @@ static void part_counts(const u32 *words, const i64 *bucket_count, i64 buckets, 
             for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++)
                 mine[bucket_of(words + i * 2 * w, hashes, k, w)]++;
     }
-}
-
-/* out[b] += the live words (in buckets of cap slots) that fall in bucket b of 2^k by the hashes, on up to
- * `threads` threads */
-EXPORT void count_buckets(i64 threads, const u32 *words, const i64 *bucket_count, i64 buckets, i64 cap,
-                          const u32 *hashes, i64 k, i64 *out, i64 w) {
-    i64 parts = layout_parts(threads, buckets, k), nb = INT64_C(1) << k;
-    i64 *counts = (i64 *)calloc((size_t)(parts << k), sizeof(i64));
-    part_counts(words, bucket_count, buckets, cap, hashes, k, w, parts, counts);
-    for (i64 p = 0; p < parts; p++)
-        for (i64 b = 0; b < nb; b++) out[b] += counts[(p << k) | b];
-    free(counts);
 }
 
 /* schedule.py's unit kinds (native.py checks that they agree) */

@@ -263,8 +263,8 @@ EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot
 /* rotations() on up to `threads` threads (OpenMP; one where the library was built without it): each rotation's
  * turning lists by ranges of buckets, then, where every bucket has room, its bucket pairs by ranges of pairs, the
  * ranges (RANGES_PER_THREAD a thread) handed out one at a time as threads come free, so a thread that is slowed
- * (preempted, or given the busier buckets) holds up one range, not a thread's share; each thread with its own table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops:
- * threads rows of 3). The same values and terms as on one thread (a pair's arithmetic does not depend on who
+ * (preempted, or given the busier buckets) holds up one range, not a thread's share; each thread with its own
+ * table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops: threads rows of 3). The same values and terms as on one thread (a pair's arithmetic does not depend on who
  * does it); the dropped norms are summed in another order. out as rotations()'s. */
 EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *rot_cos, const CT *rot_sin,
                                     const u32 *gens, u32 *words, CT *coeffs, i32 *sins, u8 *gone, i32 *holes,
@@ -386,40 +386,34 @@ EXPORT void NAME(run)(const circuit_tables *t, workspace *ws, u32 *hashes, i64 u
     }
 }
 
-/* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts), on up to
- * `threads` threads: each part's words of a new bucket after the earlier parts' (layout_parts), so every word lands
- * where one thread, bucket after bucket, puts it. */
-EXPORT void NAME(rebucket)(i64 threads, const u32 *words, const CT *coeffs, const i32 *sins, const i64 *bucket_count,
-                           i64 buckets, i64 cap, u32 *new_words, CT *new_coeffs, i32 *new_sins, i64 *new_count,
-                           i64 new_cap, const u32 *hashes, i64 k, i64 w) {
-    i64 parts = layout_parts(threads, buckets, k), nb = INT64_C(1) << k;
-    i64 *next = NULL; /* next[p << k | b]: the slot in new bucket b of part p's next word */
-    if (parts > 1) {
-        next = (i64 *)calloc((size_t)(parts << k), sizeof(i64));
-        part_counts(words, bucket_count, buckets, cap, hashes, k, w, parts, next);
-        for (i64 b = 0; b < nb; b++) {
-            i64 at = new_count[b];
-            for (i64 p = 0; p < parts; p++) {
-                i64 c = next[(p << k) | b];
-                next[(p << k) | b] = at;
-                at += c;
-            }
-            new_count[b] = at;
+/* The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts), in the
+ * parts count_buckets counted (counts: its per-part counts, turned into each part's next slots here), each part on
+ * a thread of its own and its words of a new bucket after the earlier parts', so every word lands where one
+ * thread, bucket after bucket, puts it. */
+EXPORT void NAME(rebucket)(i64 parts, i64 *counts, const u32 *words, const CT *coeffs, const i32 *sins,
+                           const i64 *bucket_count, i64 buckets, i64 cap, u32 *new_words, CT *new_coeffs,
+                           i32 *new_sins, i64 *new_count, i64 new_cap, const u32 *hashes, i64 k, i64 w) {
+    for (i64 b = 0; b < (INT64_C(1) << k); b++) {
+        i64 at = new_count[b];
+        for (i64 p = 0; p < parts; p++) {
+            i64 c = counts[(p << k) | b];
+            counts[(p << k) | b] = at;
+            at += c;
         }
+        new_count[b] = at;
     }
 #pragma omp parallel for schedule(static, 1) num_threads((int)parts) if (parts > 1)
     for (i64 p = 0; p < parts; p++) {
-        i64 *at = parts > 1 ? next + (p << k) : new_count; /* one part: the counts are the next slots */
+        i64 *next = counts + (p << k);
         for (i64 bucket = p * buckets / parts; bucket < (p + 1) * buckets / parts; bucket++)
             for (i64 i = bucket * cap; i < bucket * cap + bucket_count[bucket]; i++) {
                 i64 b = bucket_of(words + i * 2 * w, hashes, k, w);
-                i64 d = b * new_cap + at[b]++;
+                i64 d = b * new_cap + next[b]++;
                 memcpy(new_words + d * 2 * w, words + i * 2 * w, 2 * (size_t)w * sizeof(u32));
                 new_coeffs[d] = coeffs[i];
                 new_sins[d] = sins[i];
             }
     }
-    free(next);
 }
 
 /* sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors: table (32 W, 4)). */

@@ -207,15 +207,15 @@ def laid_out(ws: Workspace, hashes: np.ndarray, k: int, cap_at_least: int, most_
     cap_at_least slots and twice its words; the slots that takes). The workspace is None where that is
     more than most_slots. From THREAD_MIN live words on threads as `run`'s units (the same layout: one H200
     host's 16 cores, 2026-11-29, the 8x8 Ising's 19 layouts took 0.8 s of its 3.7 s first call on one)."""
-    threads_ = max(1, min(threads(), threads_at_most or threads())) if ws.n >= THREAD_MIN else 1
-    counts = np.zeros(1 << k, np.int64)
-    _count_buckets(ws.words, ws.count, ws.cap, hashes, k, counts, threads_)
-    cap = max(MIN_BUCKET_CAP, cap_at_least, 1 << max(0, 2 * int(counts.max(initial=0)) - 1).bit_length())
+    threads_ = _threads_at_most(threads_at_most) if ws.n >= THREAD_MIN else 1
+    per_part = _count_buckets(ws.words, ws.count, ws.cap, hashes, k, threads_)
+    most = int(per_part.sum(axis=0).max(initial=0))
+    cap = max(MIN_BUCKET_CAP, cap_at_least, 1 << max(0, 2 * most - 1).bit_length())
     if cap << k > most_slots:
         return None, cap << k
     new = empty_workspace(k, cap, ws.words.shape[1] // 2, ws.coeffs.dtype)
     _rebucket(ws.words, ws.coeffs, ws.sins, ws.count, ws.cap, new.words, new.coeffs, new.sins, new.count, cap, hashes, k,
-              threads_)
+              per_part)
     return new, cap << k
 
 
@@ -266,7 +266,7 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
     max_weight, min_abs, max_sins = int(limits[0]), float(limits[1]), int(limits[2])
     _kernels(c).run(ctypes.byref(tables.c_tables), ctypes.byref(work), _at(hashes, _U32), unit, step,
                     _at(cos, c.dtype), _at(sin, c.dtype), max_weight, min_abs, max_sins, per_layer, weight_each,
-                    max(1, min(threads(), threads_at_most or threads())), THREAD_MIN, _at(unit_terms, _I32),
+                    _threads_at_most(threads_at_most), THREAD_MIN, _at(unit_terms, _I32),
                     _at(dropped, _F64), peak, out.ctypes.data)
     return Progress(*(int(v) for v in out))
 
@@ -284,6 +284,7 @@ def _declare(name: str, restype, *argtypes):
 
 
 _count_buckets_c = _declare("count_buckets", None, _I, _P, _P, _I, _I, _P, _I, _P, _I)
+_layout_parts = _declare("layout_parts", _I, _I, _I, _I)
 
 
 class _CircuitTables(ctypes.Structure):
@@ -313,7 +314,7 @@ def _kernels_of(suffix: str) -> _Kernels:
     return _Kernels(
         _declare(f"run_{suffix}", None, ctypes.POINTER(_CircuitTables), ctypes.POINTER(_Workspace), _P, _I, _I, _P, _P,
                  _I, _D, _I, _I, _I, _I, _I, _P, _P, _I, _P),
-        _declare(f"rebucket_{suffix}", None, _I, *[_P] * 4, _I, _I, *[_P] * 4, _I, _P, _I, _I),
+        _declare(f"rebucket_{suffix}", None, _I, *[_P] * 5, _I, _I, *[_P] * 4, _I, _P, _I, _I),
         _declare(f"value_{suffix}", _D, *[_P] * 3, _I, _I, _P, _I))
 
 
@@ -346,22 +347,26 @@ if tuple(_unit_kinds) != (schedule.U_MERGE, schedule.U_CLIFFORD, schedule.U_SPLI
                       "(pip install -e .)")
 
 
-def _count_buckets(words, bucket_count, cap, hashes, k, out, threads_: int = 1):
-    """out[b]: the live words (in buckets of `cap` slots) that fall in bucket b of 2^k by the hashes."""
-    _count_buckets_c(threads_, _at(words, _U32), _at(bucket_count, _I64), len(bucket_count), cap, _at(hashes, _U32), k,
-                     _at(out, _I64), words.shape[1] // 2)
+def _count_buckets(words, bucket_count, cap, hashes, k, threads_: int = 1) -> np.ndarray:
+    """(parts, 2^k): each part's live words (in buckets of `cap` slots, the parts ranges of them in order) that fall
+    in each bucket of 2^k by the hashes; as many parts as threads_ and the buckets allow (_native.c layout_parts),
+    each counted on a thread of its own. Their sum over parts: the new buckets' counts."""
+    per_part = np.zeros((_layout_parts(threads_, len(bucket_count), k), 1 << k), np.int64)
+    _count_buckets_c(len(per_part), _at(words, _U32), _at(bucket_count, _I64), len(bucket_count), cap,
+                     _at(hashes, _U32), k, _at(per_part, _I64), words.shape[1] // 2)
+    return per_part
 
 
 def _rebucket(words, coeffs, sins, bucket_count, cap, new_words, new_coeffs, new_sins, new_count, new_cap, hashes, k,
-              threads_: int = 1):
-    """The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts); on
-    threads_ threads, each word where one thread puts it."""
+              per_part: np.ndarray):
+    """The live words into 2^k buckets of new_cap slots by the hashes (new_count: zeros, then their counts), in the
+    parts _count_buckets counted (per_part: its output, used up here), each word where one thread puts it."""
     if new_coeffs.dtype != coeffs.dtype:
         raise TypeError(f"relaying out {coeffs.dtype} coefficients into {new_coeffs.dtype} ones")
-    _kernels(coeffs).rebucket(threads_, _at(words, _U32), _at(coeffs, coeffs.dtype), _at(sins, _I32), _at(bucket_count, _I64),
-                              len(bucket_count), cap, _at(new_words, _U32), _at(new_coeffs, coeffs.dtype),
-                              _at(new_sins, _I32), _at(new_count, _I64), new_cap, _at(hashes, _U32), k,
-                              words.shape[1] // 2)
+    _kernels(coeffs).rebucket(len(per_part), _at(per_part, _I64), _at(words, _U32), _at(coeffs, coeffs.dtype),
+                              _at(sins, _I32), _at(bucket_count, _I64), len(bucket_count), cap, _at(new_words, _U32),
+                              _at(new_coeffs, coeffs.dtype), _at(new_sins, _I32), _at(new_count, _I64), new_cap,
+                              _at(hashes, _U32), k, words.shape[1] // 2)
 
 
 def value(words, coeffs, bucket_count, table) -> float:
@@ -398,3 +403,8 @@ def threads() -> int:
             raise ValueError(f"{THREADS}={given!r}: give the number of threads, a positive integer")
         return int(given) if OPENMP else 1
     return memory.cores() if OPENMP else 1
+
+
+def _threads_at_most(most: int | None) -> int:
+    """threads(), or fewer where the caller leaves cores to other work (most: None, no limit)."""
+    return max(1, min(threads(), most or threads()))
