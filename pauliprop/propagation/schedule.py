@@ -91,11 +91,11 @@ class Schedule(NamedTuple):
 
 
 def quarter_table(gx: np.ndarray, gz: np.ndarray, turns: int, a: int, b: int):
-    """The 16-entry (image, sign) table on qubits (a, b) of a quarter turn of a generator on them."""
+    """The 16-entry (image, sign) table on qubits (a, b) of a quarter turn of a generator on them (shared,
+    read-only arrays: one per generator's letters and turns)."""
     site = lambda words, q: int((words[q // 32] >> np.uint32(q % 32)) & 1)
     local = (site(gx, a), site(gz, a), site(gx, b), site(gz, b))
-    image, sign = _local_quarter_table(local, int(turns) % 4, a == b)
-    return image.copy(), sign.copy()
+    return _local_quarter_table(local, int(turns) % 4, a == b)
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,8 +116,11 @@ def _local_quarter_table(local: tuple, turns: int, one_qubit: bool):
         image = bit(rx, 0) | bit(rz, 0) << 1
         image = image | image << 2
         diag = (codes & 3) == (codes >> 2)
-        return np.where(diag, image, codes).astype(np.int32), np.where(diag, sign, 1.0)
-    return (bit(rx, 0) | bit(rz, 0) << 1 | bit(rx, 1) << 2 | bit(rz, 1) << 3).astype(np.int32), sign
+        image, sign = np.where(diag, image, codes).astype(np.int32), np.where(diag, sign, 1.0)
+    else:
+        image = (bit(rx, 0) | bit(rz, 0) << 1 | bit(rx, 1) << 2 | bit(rz, 1) << 3).astype(np.int32)
+    image.flags.writeable = sign.flags.writeable = False  # cached: every caller shares them
+    return image, sign
 
 
 def prefer_dense(num_gates: int, num_lanes: int, backend: str) -> bool:
@@ -236,9 +239,7 @@ def _clifford_element(prog: program.Program, r: int, w: int, mask: int):
     turns = int(round(float(prog.offset[r]) / (math.pi / 2))) % 4
     a, b = (mask & -mask).bit_length() - 1, mask.bit_length() - 1  # its lowest and highest qubit
     if bin(mask).count("1") <= 2:
-        site = lambda lanes, q: int((lanes[q // 32] >> np.uint32(q % 32)) & 1)
-        gx, gz = prog.gx[r], prog.gz[r]
-        table, sign = _local_quarter_table((site(gx, a), site(gz, a), site(gx, b), site(gz, b)), turns, a == b)
+        table, sign = quarter_table(prog.gx[r], prog.gz[r], turns, a, b)
         return TABLE, (a, b), table, sign.astype(np.int8), zero, zero, 0, r
     return (GENERATOR, (a, b), np.arange(16, dtype=np.int32), np.ones(16, np.int8), prog.gx[r], prog.gz[r], turns, r)
 
