@@ -527,6 +527,7 @@ def _fill_kernel(scal, base, holes, gone_in, words_in, coeffs_in, sins_in, gone,
     _over_tiles(n, tile, bw, lambda k, first: pl.when(first + bw > m)(lambda: run(k, first)))
 
 
+@partial(jax.jit, static_argnames="cfg")  # its two callers (a pass, a unit's end) trace and lower it once
 def compact(work, n, cfg, gone_count):
     """tiled.compact by kernels: remove the gone words of [0, n) and clear `gone`; (work, the new n).
     Not in order: the staying words past the new end m = n - gone_count fill the holes below it, the r-th
