@@ -11,6 +11,8 @@ SRC set to each (experiments/README.md, "The insert kernel's fold as a loop").
 
     SRC=<tree holding pauliprop> CASES=ki,ising8 TAG=new VARIANTS='{"base": {}, "base2": {}}' OUT=<dir> \
         python experiments/gpu_compile_parts.py
+
+KERNELS=1 also compiles each Pallas kernel the program launches alone (recorded while tracing it).
 """
 import collections, json, os, sys, time, math, glob
 os.environ["PAULIPROP_HOST_FIRST"] = "0"
@@ -32,6 +34,58 @@ PROF = os.environ.get("PROF", "1") == "1"
 TAG = os.environ.get("TAG", "x")
 VARIANTS = json.loads(os.environ.get("VARIANTS", '{"base": {}}'))
 RUNS = int(os.environ.get("RUNS", "3"))
+KERNELS = os.environ.get("KERNELS", "0") == "1"
+# FUSED='{"BLOCK": 512, "NUM_WARPS": 8}': the fused kernels' module constants for this process (words a program
+# handles, warps a program), set before anything is traced
+from pauliprop.propagation import fused as _fused
+for _k, _v in json.loads(os.environ.get("FUSED", "{}")).items():
+    assert hasattr(_fused, _k), _k
+    setattr(_fused, _k, _v)
+
+# KERNELS=1: each Pallas kernel the program launches, compiled alone in a program of its own (its seconds
+# beside an empty program's), to find the kernel that ends XLA's parallel compile.
+_launches = []
+if KERNELS:
+    _real_pl = _fused.pl
+
+    class _Recording:
+        def __getattr__(self, name):
+            return getattr(_real_pl, name)
+
+        def pallas_call(self, kernel, *pos, **kw):
+            call = _real_pl.pallas_call(kernel, *pos, **kw)
+
+            def launch(*args):
+                _launches.append((kernel, pos, kw, [jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a))
+                                                    for a in args]))
+                return call(*args)
+            return launch
+    _fused.pl = _Recording()
+
+
+def kernel_compiles():
+    """Seconds to lower and compile each distinct recorded kernel alone, largest first."""
+    seen, out = set(), []
+    jax.clear_caches()
+    t0 = time.perf_counter(); jax.jit(lambda x: x + 1).lower(np.zeros(4, np.int32)).compile()
+    empty = time.perf_counter() - t0
+    for kernel, pos, kw, avals in _launches:
+        name = getattr(getattr(kernel, "func", kernel), "__name__", "?")
+        key = (name, repr(sorted(getattr(kernel, "keywords", {}).items())), repr(avals))
+        if key in seen:
+            continue
+        seen.add(key)
+        jax.clear_caches()
+        f = jax.jit(lambda *a, kernel=kernel, pos=pos, kw=kw: _real_pl.pallas_call(kernel, *pos, **kw)(*a))
+        try:
+            t0 = time.perf_counter(); lo = f.lower(*avals); t1 = time.perf_counter()
+            ir = lo.as_text(); lo.compile(); t2 = time.perf_counter()
+        except Exception as e:
+            out.append(dict(kernel=name, failed=repr(e)[:300], compile=0.0))
+            continue
+        out.append(dict(kernel=name, lower=round(t1 - t0, 4), compile=round(t2 - t1, 4), ir_chars=len(ir)))
+    _launches.clear()
+    return dict(empty_program_compile=round(empty, 4), kernels=sorted(out, key=lambda r: -r["compile"]))
 
 def case_circuit(name):
     if name == "ki":
@@ -67,55 +121,64 @@ def agg(path):
     json.dump(lines, open(path + ".timeline.json", "w"))
     return [(k, round(v, 4), cnt[k]) for k, v in tot.most_common(80)]
 
-res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
-for name in os.environ.get("CASES", "ki,ising8").split(","):
-    circuit, obs, trunc = case_circuit(name)
-    table = PR.state_table("0", circuit.num_qubits, obs.num_lanes)
-    call = PR._tiled_call(circuit, obs, None, trunc, 1 << 40, table)
-    program, args = call.first_program()
-    t0 = time.perf_counter(); tr = program.trace(*args); t1 = time.perf_counter()
-    lo = tr.lower(); t2 = time.perf_counter()
-    r = dict(trace=t1 - t0, lower=t2 - t1, variants={})
-    print(name, "trace %.3f lower %.3f" % (r["trace"], r["lower"]), flush=True)
-    for i, (vname, opts) in enumerate(VARIANTS.items()):
-        jax.clear_caches()
-        prof = PROF and i == 0
-        d = os.path.join(OUT, f"prof_{TAG}_{name}")
-        if prof:
-            jax.profiler.start_trace(d)
-        t2 = time.perf_counter()
-        try:
-            comp = lo.compile(compiler_options={**PR.GPU_TILED_OPTIONS, **opts})
-        except Exception as e:
-            print("  ", vname, "FAILED", repr(e)[:300], flush=True)
-            continue
-        t3 = time.perf_counter()
-        if prof:
-            jax.profiler.stop_trace()
-        text = comp.as_text() or ""
-        v = dict(compile=t3 - t2, hlo_chars=len(text), triton=text.count("__gpu$xla.gpu.triton"),
-                 fusions=text.count("kind=k"), whiles=text.count(" while("), conds=text.count(" conditional("))
-        if prof:
-            f = glob.glob(d + "/**/*.xplane.pb", recursive=True)
-            v["top"] = agg(f[0])
-            import shutil; shutil.copy(f[0] + ".timeline.json", os.path.join(OUT, f"timeline_{TAG}_{name}.json"))
-            with open(os.path.join(OUT, f"compile_{TAG}_{name}.hlo.txt"), "w") as fh:
-                fh.write(text)
-        # warm runs of this executable
-        work = PR._take_workspace(call.capacity, call.lanes, call.dtype)
-        a = call.first_args(work)
-        times, val = [], None
-        for _ in range(RUNS):
-            t4 = time.perf_counter()
-            st, val = comp(*a)
-            val = float(jax.device_get(val)); times.append(time.perf_counter() - t4)
-            a = (a[0], st.work) + a[2:]
-        PR._keep_workspace(st.work)
-        v["runs"] = times; v["value"] = val; v["need"] = int(st.need)
-        r["variants"][vname] = v
-        print("  ", vname, {k: (round(x, 4) if isinstance(x, float) else x) for k, x in v.items() if k != "top"}, flush=True)
-        if prof:
-            for row in v["top"][:50]:
-                print("     ", row)
-    res[name] = r
-json.dump(res, open(os.path.join(OUT, f"compile_{TAG}.json"), "w"), indent=1)
+def main():
+    res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "fused": {k: getattr(_fused, k) for k in ("BLOCK", "NUM_WARPS")}}
+    for name in os.environ.get("CASES", "ki,ising8").split(","):
+        circuit, obs, trunc = case_circuit(name)
+        table = PR.state_table("0", circuit.num_qubits, obs.num_lanes)
+        call = PR._tiled_call(circuit, obs, None, trunc, 1 << 40, table)
+        program, args = call.first_program()
+        t0 = time.perf_counter(); tr = program.trace(*args); t1 = time.perf_counter()
+        lo = tr.lower(); t2 = time.perf_counter()
+        r = dict(trace=t1 - t0, lower=t2 - t1, variants={})
+        print(name, "trace %.3f lower %.3f" % (r["trace"], r["lower"]), flush=True)
+        for i, (vname, opts) in enumerate(VARIANTS.items()):
+            jax.clear_caches()
+            prof = PROF and i == 0
+            d = os.path.join(OUT, f"prof_{TAG}_{name}")
+            if prof:
+                jax.profiler.start_trace(d)
+            t2 = time.perf_counter()
+            try:
+                comp = lo.compile(compiler_options={**PR.GPU_TILED_OPTIONS, **opts})
+            except Exception as e:
+                print("  ", vname, "FAILED", repr(e)[:300], flush=True)
+                continue
+            t3 = time.perf_counter()
+            if prof:
+                jax.profiler.stop_trace()
+            text = comp.as_text() or ""
+            v = dict(compile=t3 - t2, hlo_chars=len(text), triton=text.count("__gpu$xla.gpu.triton"),
+                     fusions=text.count("kind=k"), whiles=text.count(" while("), conds=text.count(" conditional("))
+            if prof:
+                f = glob.glob(d + "/**/*.xplane.pb", recursive=True)
+                v["top"] = agg(f[0])
+                import shutil; shutil.copy(f[0] + ".timeline.json", os.path.join(OUT, f"timeline_{TAG}_{name}.json"))
+                with open(os.path.join(OUT, f"compile_{TAG}_{name}.hlo.txt"), "w") as fh:
+                    fh.write(text)
+            # warm runs of this executable
+            work = PR._take_workspace(call.capacity, call.lanes, call.dtype)
+            a = call.first_args(work)
+            times, val = [], None
+            for _ in range(RUNS):
+                t4 = time.perf_counter()
+                st, val = comp(*a)
+                val = float(jax.device_get(val)); times.append(time.perf_counter() - t4)
+                a = (a[0], st.work) + a[2:]
+            PR._keep_workspace(st.work)
+            v["runs"] = times; v["value"] = val; v["need"] = int(st.need)
+            r["variants"][vname] = v
+            print("  ", vname, {k: (round(x, 4) if isinstance(x, float) else x) for k, x in v.items() if k != "top"}, flush=True)
+            if prof:
+                for row in v["top"][:50]:
+                    print("     ", row)
+        if KERNELS:
+            r["kernels"] = kernel_compiles()
+            for row in r["kernels"]["kernels"]:
+                print("   kernel", row, flush=True)
+        res[name] = r
+    json.dump(res, open(os.path.join(OUT, f"compile_{TAG}.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
