@@ -146,3 +146,21 @@ def test_float32_kernels_give_the_xla_passes_answer(kernels):
         want = _run(c, h, params.astype(np.float32), truncation)
     assert want[2] > 256
     _assert_same(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tiles, blocks, channels, rows", [(3, 16, 2, 2), (2, 4, 1, 2), (4, 8, None, 4)])
+def test_offsets_are_running_sums_tile_after_tile(monkeypatch, tiles, blocks, channels, rows):
+    """`offsets`: each block's base is the start plus every count before it (tile after tile, each channel
+    on its own) over the first `rows` tiles, and the total their sum, whether a tile's blocks take one scan
+    or several (BLOCK 4: 16 blocks in four)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(fused, "BLOCK", 4)
+    rng = np.random.default_rng(blocks)
+    shape = (tiles, blocks) + ((channels,) if channels else ())
+    counts = rng.integers(0, 50, shape).astype(np.int32)
+    base, total = fused.offsets(counts, np.int32(rows), np.int32(7), SimpleNamespace(fused="interpret"))
+    flat = counts[:rows].reshape(rows * blocks, -1)
+    want = 7 + np.cumsum(flat, axis=0) - flat
+    np.testing.assert_array_equal(np.asarray(base)[:rows].reshape(rows * blocks, -1), want)
+    np.testing.assert_array_equal(np.asarray(total).reshape(-1), flat.sum(axis=0))
