@@ -125,10 +125,11 @@ def main():
             secs = [r["seconds"] for r in rows]
             result["cases"][name] = dict(trace_s=round(trace, 3), lower_s=round(lower, 3), kernels=rows,
                                          sum_s=round(sum(secs), 3), max_s=round(max(secs), 3))
-            print(name, tag, "trace %.2f lower %.2f" % (trace, lower), "kernels %d sum %.3f max %.3f" % (len(rows), sum(secs), max(secs)))
+            print(name, tag, "trace %.2f lower %.2f" % (trace, lower),
+                  "kernels %d sum %.3f max %.3f" % (len(rows), sum(secs), max(secs)))
             for r in rows:
-                print("   %-22s %.3f s  ops %4d  loads %3d  stores %3d  ptx %7d" % (r["kernel"], r["seconds"], r["ttir_ops"],
-                                                                               r["loads"], r["stores"], r["ptx_bytes"]))
+                print("   %-22s %.3f s  ops %4d  loads %3d  stores %3d  ptx %7d"
+                      % (r["kernel"], r["seconds"], r["ttir_ops"], r["loads"], r["stores"], r["ptx_bytes"]))
     runs = json.load(open(a.out)) if os.path.exists(a.out) else []
     json.dump(runs + [result], open(a.out, "w"), indent=1)
 

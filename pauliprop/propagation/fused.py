@@ -52,7 +52,11 @@ from .truncation import Limits, violations
 mlir_dialects.register()  # the kernels' lowering without a failed import an op
 
 BLOCK = 1024  # words a program handles
-NUM_WARPS = 4
+# 8 warps: 4 of a block's words a thread, where 4 warps held 8, so LLVM and ptxas see each op half as often. With
+# the loops in the mix's table clear and in `offsets` (one H100, 2026-12-06, experiments/README): the kicked
+# Ising's program compiled in 1.2-2.1 s against 1.9-2.7 s, and every workload ran 2.7-6% faster warm (on 4 warps
+# those loops alone ran the 8x8 0.9% slower)
+NUM_WARPS = 8
 
 
 def block(tile: int) -> int:
@@ -151,9 +155,13 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         # the table cleared whether the pass fits or not: the part a pass over n words uses is at most 2 LOAD n
         # slots, so each program clears 2 LOAD of them a word of its own
         empty = jnp.full(i.shape, pairing.EMPTY, jnp.int32)
-        for k in range(2 * pairing.LOAD):
+
+        def clear(k, _):  # a loop, not unrolled: each store's index arithmetic made the kernel larger
             at = 2 * pairing.LOAD * first + k * bw + jnp.arange(bw, dtype=jnp.int32)
             plgpu.store(table.at[jnp.where(at <= table_mask, at, table_in.shape[0])], empty, mask=at <= table_mask)
+            return _
+
+        lax.fori_loop(jnp.int32(0), jnp.int32(2 * pairing.LOAD), clear, ())
         lead = t & (p >= 0) & (i < p)  # the lower slot of a pair writes both
         q = jnp.where(lead, p, cap)
         cq = plgpu.load(coeffs_in.at[q], mask=lead, other=0)
@@ -239,11 +247,18 @@ def _offsets_kernel(scal, counts, base, total):
     """One program: base[k, b] = scal[1] + the counts before block b of tile k, tile after tile, for the
     first scal[0] tiles (the counts of later ones are never written), and their total; for each channel
     c of counts (tiles, blocks, channels) on its own."""
+    blocks = counts.shape[1]
+    chunk = min(blocks, BLOCK)  # scans of BLOCK counts, carried: one scan of a tile's 4,096 made 150 kB of PTX
+
     for c in range(counts.shape[2]):
         def row(k, running, c=c):
-            v = counts[k, :, c]
-            base[k, :, c] = running + jnp.cumsum(v, dtype=jnp.int32) - v
-            return running + jnp.sum(v, dtype=jnp.int32)
+            def part(j, running):
+                at = pl.ds(j * chunk, chunk)
+                v = counts[k, at, c]
+                base[k, at, c] = running + jnp.cumsum(v, dtype=jnp.int32) - v
+                return running + jnp.sum(v, dtype=jnp.int32)
+
+            return lax.fori_loop(jnp.int32(0), jnp.int32(blocks // chunk), part, running)
 
         total[c] = lax.fori_loop(0, scal[0], row, scal[1]) - scal[1]
 
