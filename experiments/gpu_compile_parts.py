@@ -12,7 +12,7 @@ SRC set to each (experiments/README.md, "The insert kernel's fold as a loop").
     SRC=<tree holding pauliprop> CASES=ki,ising8 TAG=new VARIANTS='{"base": {}, "base2": {}}' OUT=<dir> \
         python experiments/gpu_compile_parts.py
 
-KERNELS=1 also compiles each Pallas kernel the program launches alone (recorded while tracing it).
+FUSED='{"NUM_WARPS": 8}' sets the fused kernels' constants before anything is traced (an A/B of kernel shapes).
 """
 import collections, json, os, sys, time, math, glob
 os.environ["PAULIPROP_HOST_FIRST"] = "0"
@@ -34,7 +34,6 @@ PROF = os.environ.get("PROF", "1") == "1"
 TAG = os.environ.get("TAG", "x")
 VARIANTS = json.loads(os.environ.get("VARIANTS", '{"base": {}}'))
 RUNS = int(os.environ.get("RUNS", "3"))
-KERNELS = os.environ.get("KERNELS", "0") == "1"
 # FUSED='{"BLOCK": 512, "NUM_WARPS": 8}': the fused kernels' module constants for this process (words a program
 # handles, warps a program), set before anything is traced
 from pauliprop.propagation import fused as _fused
@@ -42,50 +41,6 @@ for _k, _v in json.loads(os.environ.get("FUSED", "{}")).items():
     assert hasattr(_fused, _k), _k
     setattr(_fused, _k, _v)
 
-# KERNELS=1: each Pallas kernel the program launches, compiled alone in a program of its own (its seconds
-# beside an empty program's), to find the kernel that ends XLA's parallel compile.
-_launches = []
-if KERNELS:
-    _real_pl = _fused.pl
-
-    class _Recording:
-        def __getattr__(self, name):
-            return getattr(_real_pl, name)
-
-        def pallas_call(self, kernel, *pos, **kw):
-            call = _real_pl.pallas_call(kernel, *pos, **kw)
-
-            def launch(*args):
-                _launches.append((kernel, pos, kw, [jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a))
-                                                    for a in args]))
-                return call(*args)
-            return launch
-    _fused.pl = _Recording()
-
-
-def kernel_compiles():
-    """Seconds to lower and compile each distinct recorded kernel alone, largest first."""
-    seen, out = set(), []
-    jax.clear_caches()
-    t0 = time.perf_counter(); jax.jit(lambda x: x + 1).lower(np.zeros(4, np.int32)).compile()
-    empty = time.perf_counter() - t0
-    for kernel, pos, kw, avals in _launches:
-        name = getattr(getattr(kernel, "func", kernel), "__name__", "?")
-        key = (name, repr(sorted(getattr(kernel, "keywords", {}).items())), repr(avals))
-        if key in seen:
-            continue
-        seen.add(key)
-        jax.clear_caches()
-        f = jax.jit(lambda *a, kernel=kernel, pos=pos, kw=kw: _real_pl.pallas_call(kernel, *pos, **kw)(*a))
-        try:
-            t0 = time.perf_counter(); lo = f.lower(*avals); t1 = time.perf_counter()
-            ir = lo.as_text(); lo.compile(); t2 = time.perf_counter()
-        except Exception as e:
-            out.append(dict(kernel=name, failed=repr(e)[:300], compile=0.0))
-            continue
-        out.append(dict(kernel=name, lower=round(t1 - t0, 4), compile=round(t2 - t1, 4), ir_chars=len(ir)))
-    _launches.clear()
-    return dict(empty_program_compile=round(empty, 4), kernels=sorted(out, key=lambda r: -r["compile"]))
 
 def case_circuit(name):
     if name == "ki":
@@ -172,10 +127,6 @@ def main():
             if prof:
                 for row in v["top"][:50]:
                     print("     ", row)
-        if KERNELS:
-            r["kernels"] = kernel_compiles()
-            for row in r["kernels"]["kernels"]:
-                print("   kernel", row, flush=True)
         res[name] = r
     json.dump(res, open(os.path.join(OUT, f"compile_{TAG}.json"), "w"), indent=1)
 
