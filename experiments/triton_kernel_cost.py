@@ -11,7 +11,7 @@ proxy on this CPU, for comparing kernel code, not the H100 host's figures (gpu_c
     TRITON_PYTHON=/tmp/tv/bin/python SRC=<tree holding pauliprop> FUSED='{"NUM_WARPS": 8}' TAG=w8 \\
         python experiments/triton_kernel_cost.py --out experiments/results/triton_kernel_cost_DATE.json
 """
-import argparse, json, math, os, platform, re, subprocess, sys, tempfile, time
+import argparse, json, os, platform, re, subprocess, sys, tempfile, time
 
 SRC = os.environ.get("SRC")
 if SRC:
@@ -24,14 +24,9 @@ import numpy as np
 from jax._src.lib import triton as jax_triton
 from jax._src.lib.mlir import ir
 
-import pauliprop as pp
 from pauliprop.propagation import fused, tiled
 from pauliprop.propagation import propagate as PR
-from gpu_compile_parts import case_circuit
-
-for _k, _v in json.loads(os.environ.get("FUSED", "{}")).items():
-    assert hasattr(fused, _k), _k
-    setattr(fused, _k, _v)
+from gpu_compile_parts import case_circuit  # its import also sets the kernels' constants from FUSED
 
 COMPILE = r'''
 import json, os, sys, time, warnings
