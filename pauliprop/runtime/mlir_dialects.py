@@ -1,4 +1,5 @@
-"""Pallas's Triton lowering without three failed imports for every op it builds.
+"""Pallas's Triton lowering without the per-process costs it need not pay: three failed imports for every op it
+builds, and an import of Mosaic GPU before its first kernel.
 
 jaxlib's MLIR bindings, for each op or type they hand back to Python, first make sure the Python module of its
 dialect is loaded: they import `<prefix>.<dialect>` under each registered prefix (jaxlib.mlir.dialects,
@@ -6,8 +7,13 @@ jaxlib.mosaic.python, jax.jaxlib.mosaic.python) until one is found, and they rem
 Triton dialect ("tt") has no module there (its ops come with jaxlib.triton), so each op of a Pallas kernel cost
 three failed imports, each a search of sys.path: 5,955 for the 2D Ising 8x8's GPU program (jax 0.10 and 0.11).
 `register()` appends one last prefix, this module, under which an empty module of each such dialect is found:
-the first lookup succeeds and the bindings remember it. The lowered programs are unchanged, character for
-character (tests/pauliprop/runtime/test_mlir_dialects.py)."""
+the first lookup succeeds and the bindings remember it.
+
+Pallas's GPU lowering of a call that carries Triton's CompilerParams first imports Mosaic GPU (0.2 s on a 2-core
+AMD EPYC, jax 0.10 and 0.11: absl, xml.dom and some forty modules) only to find the call is not Mosaic's, unless a
+lowering rule is registered for those params' class. `register()` registers Triton's own lowering there.
+
+The lowered programs are unchanged, character for character (tests/pauliprop/runtime/test_mlir_dialects.py)."""
 
 from __future__ import annotations
 
@@ -27,8 +33,31 @@ def _globals():
     return registry if hasattr(registry, "append_dialect_search_prefix") else None
 
 
+def _triton_lowering(ctx, *in_nodes, **params):
+    """Pallas's Triton lowering of a pallas_call, imported when the first kernel is lowered."""
+    from jax._src.pallas.triton import pallas_call_registration
+
+    return pallas_call_registration.pallas_call_lowering(ctx, *in_nodes, **params)
+
+
+def _register_triton_rule() -> bool:
+    """Triton's lowering as the rule for its CompilerParams (where this jax looks such rules up); whether it is."""
+    try:
+        from jax._src.pallas import core as pallas_core
+        from jax._src.pallas.triton import core as triton_core
+    except ImportError:
+        return False
+    if not hasattr(pallas_core, "register_lowering_rule") or not hasattr(pallas_core, "get_lowering_rule"):
+        return False
+    if pallas_core.get_lowering_rule(triton_core.CompilerParams, "gpu") is None:
+        pallas_core.register_lowering_rule(triton_core.CompilerParams, _triton_lowering, "gpu")
+    return True
+
+
 def register() -> bool:
-    """Append this module's prefix to the bindings' search (once a process); whether it is there."""
+    """Append this module's prefix to the bindings' search and register Triton's lowering rule (once a
+    process); whether the prefix is there."""
+    _register_triton_rule()
     registry = _globals()
     if registry is None:
         return False

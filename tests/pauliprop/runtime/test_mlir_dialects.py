@@ -1,6 +1,6 @@
-"""The Triton dialect's stand-in module (pauliprop/runtime/mlir_dialects.py): with it registered, lowering a Pallas
-kernel for GPUs looks for a dialect's module once, not once an op, and the lowered program is the same, character for
-character. Each side runs in a fresh process (the bindings' registry is process-wide and keeps what it found)."""
+"""pauliprop/runtime/mlir_dialects.py: with register() called, lowering a Pallas kernel for GPUs looks for a dialect's
+module once, not once an op, does not import Mosaic GPU, and gives the same program, character for character. Each
+side runs in a fresh process (the bindings' registry and the imported modules are process-wide)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def kernel(x_ref, o_ref):
 f = jax.jit(lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((256,), jnp.int32),
                                      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1))(x))
 text = f.trace(jax.ShapeDtypeStruct((256,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
-print(json.dumps({"text": text, "missing": missing}))
+print(json.dumps({"text": text, "missing": missing, "mosaic_gpu": "jax._src.pallas.mosaic_gpu.core" in sys.modules}))
 """
 
 
@@ -59,6 +59,13 @@ def test_registered_the_lowering_makes_no_failed_dialect_import_and_is_unchanged
     assert len(dialect_misses) > 10  # what register() is for: a miss for each op (if jaxlib fixes it, drop this)
     once = [name for name in registered["missing"] if name.endswith(".tt")]  # the first lookup, then remembered
     assert len(once) == len(set(once)) <= 3
+
+
+def test_registered_the_triton_lowering_does_not_import_mosaic_gpu():
+    plain, registered = _lowered("plain"), _lowered("register")
+    assert plain["mosaic_gpu"]  # what register() is for: Pallas imports Mosaic GPU to decline the call
+    assert not registered["mosaic_gpu"]
+    assert registered["text"] == plain["text"]
 
 
 def test_register_is_idempotent():
