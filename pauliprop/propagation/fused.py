@@ -84,12 +84,15 @@ def _rules(rules: tuple, lim_i, lim_f) -> Limits:
                   max_sins=lim_i[1] if max_sins else None)
 
 
-def _charged(limits: Limits, coeffs, weights, sins, candidate):
-    """(keep mask, 1-norm dropped by each rule (weight, coefficient, sines)) of the candidates."""
-    drop_w, drop_c, drop_s = violations(limits, coeffs, weights, sins)
+def _dropped(limits: Limits, coeffs, weights, sins, candidate):
+    """(keep mask, the magnitude each rule (weight, coefficient, sines) drops of each candidate, None where the
+    rule is off): the caller sums a rule's drops of all its candidates at once, a reduction a rule (each
+    reduction was the mix kernel's largest code: nine a tile where three do)."""
+    drops = violations(limits, coeffs, weights, sins)
     mag = jnp.abs(coeffs)
-    charge = tuple(jnp.sum(jnp.where(candidate & d, mag, 0)) for d in (drop_w, drop_c, drop_s))
-    return candidate & ~drop_w & ~drop_c & ~drop_s, charge
+    on = (limits.max_weight, limits.min_abs_coeff, limits.max_sins)
+    return (candidate & ~drops[0] & ~drops[1] & ~drops[2],
+            tuple(None if rule is None else jnp.where(candidate & d, mag, 0) for rule, d in zip(on, drops)))
 
 
 def _over_tiles(n, tile: int, bw: int, block_body, every=None):
@@ -148,7 +151,7 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
         cs, sn = cos[r].astype(dtype), sin[r].astype(dtype)
         spawn = sn * sgn * c
-        keep_spawn, charge_spawn = _charged(limits, spawn, weight_q, s + 1, lone)
+        keep_spawn, drop_spawn = _dropped(limits, spawn, weight_q, s + 1, lone)
         if count_only:
             counts[tile_k, pid] = jnp.sum(keep_spawn.astype(jnp.int32))
             return
@@ -170,16 +173,17 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         theirs = cs * cq + sn * sgn * c
         my_sins = jnp.where(lead, jnp.minimum(s, sq + 1), s)
         their_sins = jnp.minimum(sq, s + 1)
-        keep_mine, charge_mine = _charged(limits, mine, weight_p, my_sins, lead | lone)
-        keep_theirs, charge_theirs = _charged(limits, theirs, weight_q, their_sins, lead)
+        keep_mine, drop_mine = _dropped(limits, mine, weight_p, my_sins, lead | lone)
+        keep_theirs, drop_theirs = _dropped(limits, theirs, weight_q, their_sins, lead)
         for k in range(3):
-            stats[pid, k] += (charge_mine[k] + charge_theirs[k] + charge_spawn[k]).astype(stats.dtype)
+            if drop_mine[k] is not None:
+                stats[pid, k] += jnp.sum(drop_mine[k] + drop_theirs[k] + drop_spawn[k]).astype(stats.dtype)
         mine_at = (lead | lone) & fits
         lead = lead & fits
         keep_spawn = keep_spawn & fits
         drop_mine = mine_at & ~keep_mine
         drop_theirs = lead & ~keep_theirs
-        stats[pid, 3] += (jnp.sum(drop_mine.astype(jnp.int32)) + jnp.sum(drop_theirs.astype(jnp.int32))).astype(stats.dtype)
+        stats[pid, 3] += jnp.sum(drop_mine.astype(jnp.int32) + drop_theirs.astype(jnp.int32)).astype(stats.dtype)
         dest = jnp.where(keep_spawn, base[tile_k, pid] + jnp.cumsum(keep_spawn.astype(jnp.int32)) - 1, cap)
         mine_i = jnp.where(mine_at, i, sink)
         plgpu.store(coeffs.at[mine_i], mine, mask=mine_at)
