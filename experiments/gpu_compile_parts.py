@@ -3,7 +3,7 @@ and compile options tried on the same lowered program (each one's compile second
 
 The program is the one a GPU call of pp.expectation compiles first (propagate._tiled_call(...).first_program(),
 the tiled engine with the fused Pallas kernels), for the workloads of native_peers.py: `ki` (127-qubit kicked
-Ising at pi/4) and `isingL` (2D Ising L x L). The persistent cache is off; the host-first path is off. Each
+Ising at pi/4) and `isingL` (2D Ising L x L); and `chainN`, large_n.py's local case on N qubits. The persistent cache is off; the host-first path is off. Each
 variant compiles the same lowered program again after jax.clear_caches() and runs it RUNS times (the first
 variant under jax.profiler when PROF=1: its compile is slower by the profiler; the aggregate and a timeline
 of events over 1 ms are written beside the results). An A/B of two source trees runs this once per tree with
@@ -43,6 +43,10 @@ for _k, _v in json.loads(os.environ.get("FUSED", "{}")).items():
 
 
 def case_circuit(name):
+    if name.startswith("chain"):  # large_n.py's `local` case on a chain of N qubits: words of N / 32 lanes
+        from large_n import TRUNCATION, brickwork
+        n = int(name[5:])
+        return brickwork(pp, n, 5), pp.PauliSum.from_list([("Z", [n // 2], 1.0)], n), pp.Truncation(**TRUNCATION)
     if name == "ki":
         circuit = models.kicked_ising(20, math.pi / 4, -math.pi / 2)
         return circuit, pp.PauliSum.from_list([("Z", [62], 1.0)], 127), pp.Truncation(min_abs_coeff=1e-4, max_weight=8)

@@ -546,6 +546,11 @@ SWEEP = 4  # GPUs: Clifford gates an iteration of a run's gate-by-gate map (kick
 #            1.1 s longer for the same 0.060 s warm; 1: 0.084 s)
 # A pass's mix by the kernels of fused.py ("gpu"; "interpret": by Pallas's interpreter, for tests), or by XLA ("")
 FUSED = {"gpu": "gpu"}
+# the most lanes (32 qubits each) a program's words may have for the fused kernels: their code is unrolled over the
+# lanes, and Triton's compile grows faster than it (this 2-core AMD, triton 3.9 for sm_90, experiments/README: the
+# largest kernel 1.1 s at 4 lanes, 1.6 s at 8, 4.2 s at 16; at 157 lanes a GPU call did not return in 245 s). Wider
+# words run on XLA's passes, whose program does not grow with the lanes
+FUSED_MAX_LANES = 8
 FUSED_TILE = 1 << 22  # the fused kernels' tiles: blocks past the live words return at once (one H200, 2026-11-28, warm
 #                       4x4 / 8x8 Ising: 0.186 / 0.778 s with 2^18, 0.140 / 0.535 s with 2^20, 0.138 / 0.467 s with 2^22)
 # the fewest slots a run's buffers have: small circuits of one shape share a program whatever their sizes
@@ -674,7 +679,7 @@ def tiled_capacity(low: Lowered, terms: int, lanes: int, dtype, max_capacity: in
 
 def tiled_config(low: Lowered, truncation: Truncation, capacity: int, backend: str) -> tiled.Config:
     features = engine.features(low.units, low.schedule)
-    fused = FUSED.get(backend, "")
+    fused = FUSED.get(backend, "") if low.program.gx.shape[1] <= FUSED_MAX_LANES else ""
     tile = TILE.get(backend, FUSED_TILE if fused else GPU_TILE)
     return tiled.Config(capacity=capacity, tile=min(capacity, tile), rules=truncation.rules,
                         per=truncation.per, units=features["units"], clifford=features["clifford"],

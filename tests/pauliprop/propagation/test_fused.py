@@ -88,6 +88,23 @@ def test_kernels_give_the_xla_passes_answer(kernels, n, layers, truncation):
     _assert_same(got, want)
 
 
+def test_words_wider_than_the_kernels_take_run_on_the_xla_passes(kernels):
+    """Past FUSED_MAX_LANES lanes a word (the kernels' code is unrolled over them) a run takes XLA's passes,
+    with their answer; at the limit it takes the kernels."""
+    rng = np.random.default_rng(3)
+    c, params = _layered(40, 2, rng)  # two lanes
+    h = _observable(40, rng)
+    truncation = pp.Truncation(min_abs_coeff=3e-3, max_weight=6)
+    low = prop.lowered(c, truncation, "cpu", layers=True, support=prop.observable_support(h))
+    kernels.setattr(prop, "FUSED_MAX_LANES", 2)
+    assert prop.tiled_config(low, truncation, 1 << 12, "cpu").fused == "interpret"
+    kernels.setattr(prop, "FUSED_MAX_LANES", 1)
+    assert prop.tiled_config(low, truncation, 1 << 12, "cpu").fused == ""
+    got = _run(c, h, params, truncation)
+    kernels.setitem(prop.FUSED, "cpu", "")
+    _assert_same(got, _run(c, h, params, truncation), rtol=0)
+
+
 def test_untruncated_kernels_equal_the_statevector(kernels):
     rng = np.random.default_rng(2)
     c, params = _layered(7, 3, rng)
