@@ -50,6 +50,24 @@ def unpack_bits(words: np.ndarray, num_qubits: int) -> np.ndarray:
     return bits.reshape(words.shape[0], words.shape[1] * LANE_BITS)[:, :num_qubits].astype(np.uint8)
 
 
+def moved(words: np.ndarray, source, target, num_lanes_out: int, rows: int = 1 << 12) -> np.ndarray:
+    """(T, num_lanes_out) lanes holding each word's qubit source[k] as qubit target[k], nothing else (target
+    increasing): a word renumbered onto a subset of the qubits or back. `rows` words at a time (T x K bits)."""
+    words = np.asarray(words, np.uint32)
+    source, target = np.asarray(source, np.int64), np.asarray(target, np.int64)
+    out = np.zeros((len(words), num_lanes_out), np.uint32)
+    if not len(source) or not len(words):
+        return out
+    lane = target // LANE_BITS
+    starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]])
+    src_lane, src_bit = source // LANE_BITS, (source % LANE_BITS).astype(np.uint64)
+    dst_bit = (target % LANE_BITS).astype(np.uint64)
+    for r in range(0, len(words), rows):
+        bits = (words[r:r + rows, src_lane].astype(np.uint64) >> src_bit) & 1  # (rows, K)
+        out[r:r + rows, lane[starts]] = np.add.reduceat(bits << dst_bit, starts, axis=1).astype(np.uint32)
+    return out
+
+
 def labels_of(x: np.ndarray, z: np.ndarray, num_qubits: int) -> list[str]:
     """Stim-order labels (character q acts on qubit q) of packed words."""
     xb, zb = unpack_bits(x, num_qubits), unpack_bits(z, num_qubits)

@@ -173,6 +173,27 @@ def light_cone(prog: Program, support: int) -> np.ndarray:
     return np.array(kept[::-1], dtype=np.int64)
 
 
+def qubits_of(prog: Program, support: int = 0) -> np.ndarray:
+    """The qubits (increasing) that the rows act on or `support` (a bit mask) holds."""
+    mask = support
+    for m in row_masks(prog):
+        mask |= m
+    bits = np.frombuffer(mask.to_bytes(words.LANE_BITS // 8 * max(1, words.num_lanes(mask.bit_length())), "little"),
+                         np.uint8)
+    return np.flatnonzero(np.unpackbits(bits, bitorder="little"))
+
+
+def renumbered(prog: Program, qubits: np.ndarray) -> Program:
+    """The program on `qubits` alone (increasing; every row acts within them), qubit qubits[k] as qubit k: its
+    words take num_lanes(len(qubits)) lanes. The order of the qubits is kept, so the schedule's units are the
+    same."""
+    index = np.full(prog.num_qubits, -1, np.int32)
+    index[qubits] = np.arange(len(qubits), dtype=np.int32)
+    lanes, rows = words.num_lanes(len(qubits)), np.arange(len(qubits))
+    return prog._replace(qubits=index[prog.qubits], gx=words.moved(prog.gx, qubits, rows, lanes),
+                         gz=words.moved(prog.gz, qubits, rows, lanes), num_qubits=len(qubits))
+
+
 def restrict(prog: Program, rows: np.ndarray) -> Program:
     """The program of the given rows only."""
     take = lambda a: a[rows]

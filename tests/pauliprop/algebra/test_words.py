@@ -147,3 +147,23 @@ def test_nth_set_bit_is_the_jth_set_bit(case):
         assert bool(found[r]) == (j < len(bits))
         if j < len(bits):
             assert int(index[r]) == bits[j]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 2**32 - 1))
+def test_moved_renumbers_a_subset_of_qubits_and_back(n, seed):
+    """moved(words, qubits, 0..m-1) holds qubit qubits[k] as qubit k and nothing else; moving back restores
+    the words on those qubits and clears the rest (across lane boundaries)."""
+    rng = np.random.default_rng(seed)
+    lanes = W.num_lanes(n)
+    words = rng.integers(0, 2**32, size=(7, lanes), dtype=np.uint64).astype(np.uint32)
+    qubits = np.sort(rng.choice(n, size=int(rng.integers(0, n + 1)), replace=False))
+    m = len(qubits)
+    small = W.moved(words, qubits, np.arange(m), W.num_lanes(m))
+    assert small.shape == (7, W.num_lanes(m))
+    np.testing.assert_array_equal(W.unpack_bits(small, 32 * W.num_lanes(m)),
+                                  np.pad(W.unpack_bits(words, n)[:, qubits], ((0, 0), (0, 32 * W.num_lanes(m) - m))))
+    back = W.unpack_bits(W.moved(small, np.arange(m), qubits, lanes), n)
+    want = np.zeros_like(back)
+    want[:, qubits] = W.unpack_bits(words, n)[:, qubits]
+    np.testing.assert_array_equal(back, want)

@@ -128,6 +128,27 @@ def test_light_cone_keeps_the_rows_that_can_reach_the_observable():
     assert P.light_cone(prog, (1 << 6) - 1).tolist() == list(range(prog.length))
 
 
+def test_renumbered_program_acts_on_the_same_qubits_under_their_new_numbers():
+    """renumbered(prog, qubits_of(prog)): row for row the same operations (kinds, tables, angles), each acting on
+    qubit k where the original acts on qubits[k], its generators on fewer lanes."""
+    c = pp.Circuit(300)
+    c.rzz(31, 290, 0.3).rx(126, pp.Param(0)).cx(0, 64).h(95).pauli_rotation("XYZ", [33, 64, 290], 0.2)
+    c.depolarize(126, 0.01).s(0)
+    prog = P.lower(c)
+    qubits = P.qubits_of(prog, support=1 << 200)
+    assert qubits.tolist() == [0, 31, 33, 64, 95, 126, 200, 290]
+    small = P.renumbered(prog, qubits)
+    assert small.num_qubits == 8 and small.gx.shape == (prog.length, 1)
+    where = {int(q): k for k, q in enumerate(qubits)}
+    assert P.row_masks(small) == [sum(1 << where[q] for q in range(300) if m >> q & 1) for m in P.row_masks(prog)]
+    assert small.qubits.tolist() == [[where[a], where[b]] for a, b in prog.qubits.tolist()]
+    for field in ("kind", "table", "sign", "param_index", "scale", "offset"):
+        np.testing.assert_array_equal(getattr(small, field), getattr(prog, field))
+    pauli = lambda g, x, z, q: "IXZY"[(x >> q & 1) + 2 * (z >> q & 1)]
+    gen = lambda p, r, qs: "".join(pauli(None, int(p.gx[r, q // 32]), int(p.gz[r, q // 32]), q % 32) for q in qs)
+    assert gen(small, 4, range(8)) == gen(prog, 4, qubits)
+
+
 def test_each_rows_mask_is_the_qubits_its_operation_acts_on_across_lanes():
     """row_masks: a rotation's or quarter turn's generator's qubits, a Clifford's one or two, a channel's one,
     on both sides of 32-bit lane boundaries (qubit q is bit q of the mask)."""

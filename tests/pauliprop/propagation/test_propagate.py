@@ -850,6 +850,47 @@ def light_cone_value(circuit: pp.Circuit, terms, state: str) -> float:
 BRICK_LAYERS = 3
 
 
+@pytest.mark.parametrize("engine", ["native", "tiled"])
+def test_a_local_observable_runs_on_its_light_cones_qubits_with_the_same_answer(engine, no_first_try_on_the_loop,
+                                                                                  monkeypatch):
+    """A concrete call renumbers its observable's light cone's qubits in order where they take fewer lanes than
+    the circuit's (lowered(renumber=True)): on 300 qubits its words take one lane where the circuit's take ten,
+    and the value in a product of random Bloch vectors, the dropped norms, the terms after each row and the
+    live terms (back on the circuit's qubits) are those of the run on every lane."""
+    from pauliprop.propagation import propagate as PR
+
+    if engine == "tiled":
+        monkeypatch.setenv(PR.NATIVE, "0")
+    n = 300
+    rng = np.random.default_rng(11)
+    bloch = rng.normal(size=(n, 3))
+    state = bloch / np.linalg.norm(bloch, axis=1, keepdims=True)
+    cut = pp.Truncation(max_weight=5, min_abs_coeff=1e-3)
+    h = pp.PauliSum.from_list([("XZ", [150, 151], 1.0), ("Y", [290], -0.5)], n)
+
+    def run(renumber: bool):
+        c = brickwork(n, BRICK_LAYERS, np.random.default_rng(3))  # a new circuit: its lowered programs are new
+        with pytest.MonkeyPatch.context() as m:
+            if not renumber:  # the cone as wide as the circuit: nothing to renumber
+                m.setattr(P, "qubits_of", lambda prog, support=0: np.arange(prog.num_qubits))
+            val, stats = pp.expectation(c, h, state=state, truncation=cut, return_stats=True)
+            out, _ = pp.propagate(c, h, truncation=cut)
+            low = PR.lowered(c, cut, None, layers=True, support=PR.observable_support(h), renumber=True)
+        x, z, coeffs = np.asarray(out.x), np.asarray(out.z), np.asarray(out.coeffs)
+        terms = {(x[i].tobytes(), z[i].tobytes()): coeffs[i] for i in range(len(coeffs))}
+        return float(val), stats, terms, low
+
+    val, stats, terms, low = run(True)
+    whole, whole_stats, whole_terms, whole_low = run(False)
+    assert whole_low.qubits is None and whole_low.program.gx.shape[1] == 10
+    assert low.program.gx.shape[1] == 1 and 150 in low.qubits and 290 in low.qubits
+    assert abs(val - whole) < 1e-12 and int(stats.max_terms_seen) > 50
+    np.testing.assert_allclose(stats.dropped_norm, whole_stats.dropped_norm, rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(stats.terms, whole_stats.terms)
+    assert terms.keys() == whole_terms.keys()
+    np.testing.assert_allclose([terms[k] for k in whole_terms], list(whole_terms.values()), rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("n", LARGE_N)
 def test_a_brickwork_at_scale_equals_the_state_vector_of_each_terms_light_cone(n, no_first_try_on_the_loop):
     """Property: through a 3-layer brickwork of random rotations, cz and rzz on all n qubits, terms at the
