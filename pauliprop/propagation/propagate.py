@@ -808,6 +808,7 @@ class _TiledCall(NamedTuple):
     max_capacity: int
     table: np.ndarray  # the state's overlap table on the program's qubits (on_cone)
     num_lanes: int  # the circuit's (the words' lanes where the program's qubits are renumbered: off_cone)
+    circuit_table: np.ndarray  # the state's overlap table on the circuit's qubits (the host's run: _host_first)
 
     def first_args(self, work) -> tuple:
         """The first program's arguments, with `work` the buffers (or their jax.ShapeDtypeStruct)."""
@@ -834,7 +835,7 @@ def _tiled_call(circuit: Circuit, obs: PauliSum, params, truncation: Truncation,
     low = lowered(circuit, truncation, backend, layers=True, support=observable_support(obs), renumber=True)
     dtype = np.dtype(jnp.result_type(float))
     p = params_array(params, circuit.num_params, dtype)
-    x, z, table = on_cone(low, obs.x, obs.z, table)
+    x, z, cone_table = on_cone(low, obs.x, obs.z, table)
     words, coeffs, dropped0 = tiled.host_merge(x, z, obs.coeffs, truncation)
     t, lanes = len(words), x.shape[1]
     rows = schedule.bucket(t, 64)
@@ -845,7 +846,7 @@ def _tiled_call(circuit: Circuit, obs: PauliSum, params, truncation: Truncation,
     cap = tiled_capacity(low, t, lanes, dtype, max_capacity, backend)
     return _TiledCall(low, backend, devices.device(), dtype, bool(jax.config.jax_enable_x64), p, obs_words,
                       obs_coeffs, t, lanes, np.asarray(dropped0, dtype), cap, truncation, max_capacity,
-                      np.asarray(table), obs.num_lanes)
+                      np.asarray(cone_table), obs.num_lanes, np.asarray(table))
 
 
 def _run_tiled(call: _TiledCall, want_terms: bool = False):
@@ -924,7 +925,7 @@ def _host_first(call: _TiledCall, circuit: Circuit, obs: PauliSum, params, want_
     key = ("tiled", jitted, signature(args))
     # one host core short, OpenMP's barriers wait on a preempted thread: leave cores to a compilation under way
     threads = _native_module().threads() - HOST_CORES_FOR_COMPILING if background.busy() else None
-    answer = _drive_native(circuit, obs, params, call.truncation, call.max_capacity, call.table, want_terms,
+    answer = _drive_native(circuit, obs, params, call.truncation, call.max_capacity, call.circuit_table, want_terms,
                            threads)
 
     def on_the_gpu():

@@ -984,6 +984,30 @@ def test_a_call_whose_gpu_program_is_not_compiled_is_answered_on_the_host_meanwh
     assert host == [1] and background.started() == started + 1 and float(third) == float(second[0])
 
 
+def test_a_host_first_answer_on_the_light_cones_qubits_is_the_devices(monkeypatch):
+    """Host first with a local observable of a 100-qubit brickwork (its light cone's qubits renumbered onto one
+    lane of the circuit's four) in a product of random Bloch vectors: the host's answer is the device's."""
+    from pauliprop.propagation import propagate as PR
+    from pauliprop.runtime import background
+    _host_first_case(monkeypatch)  # the CPU standing in for a GPU
+    host, drive_native = [], PR._drive_native
+    monkeypatch.setattr(PR, "_drive_native", lambda *a, **k: host.append(1) or drive_native(*a, **k))
+    n = 100
+    rng = np.random.default_rng(5)
+    c = brickwork(n, BRICK_LAYERS, rng)
+    h = pp.PauliSum.from_list([("XZ", [50, 51], 1.0), ("Y", [80], -0.5)], n)
+    bloch = rng.normal(size=(n, 3))
+    state = bloch / np.linalg.norm(bloch, axis=1, keepdims=True)
+    cut = pp.Truncation(max_weight=5, min_abs_coeff=1e-3)
+    first = float(pp.expectation(c, h, state=state, truncation=cut))
+    assert host == [1] and background.wait(600)
+    second = float(pp.expectation(c, h, state=state, truncation=cut))
+    assert host == [1]
+    low = PR.lowered(c, cut, "cpu", layers=True, support=PR.observable_support(h), renumber=True)
+    assert low.qubits is not None and low.program.gx.shape[1] == 1
+    assert abs(first - second) < 1e-12
+
+
 def test_calls_while_the_program_compiles_run_on_the_host_and_leave_it_cores(monkeypatch):
     """A call made while the device's run (its compilation) is under way in the background runs on the host
     with HOST_CORES_FOR_COMPILING cores fewer, and starts no second compilation, of that program or another
