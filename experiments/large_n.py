@@ -5,8 +5,9 @@ qubit, then RZZ(theta_J) on the pairs (q, q + 1) of even q, then of odd q; theta
 (the 127-qubit experiment's angles, DESIGN.md section 7); truncation min_abs_coeff 1e-4 and max_weight 8.
 Observables (--cases):
   local          Z on qubit n/2 after --local-steps steps (5). Its backward light cone holds about 4 * steps
-                 qubits (20 at 5 steps), and the engine runs only the gates inside it, so the call's cost
-                 beyond that cone is the front end's at n qubits (lowering 1.5 n gates a step).
+                 qubits (20 at 5 steps), and the engine runs only the gates inside it, on those qubits alone
+                 (renumbered: words of one lane), so the call's cost beyond that cone is the front end's at n
+                 qubits (lowering 1.5 n gates a step).
   magnetization  sum_q Z_q after --magnetization-steps steps (2): every gate acts on live words, n terms
                  at the start (coefficient 1 each, as min_abs_coeff is absolute); value / n is the mean.
 Both are checked against the exact value (in a process of its own): the state vector of each term's light
