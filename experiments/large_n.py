@@ -209,7 +209,7 @@ def main(argv=None):
     meta |= {"git": benchtools.git_state(), "theta_h": THETA_H, "theta_j": THETA_J, "truncation": TRUNCATION,
              "repeats": args.repeats, "timeout_s": args.timeout}
 
-    records = []
+    records, out = [], args.out
     for name in [c for c in args.cases.split(",") if c]:
         if name not in ("local", "magnetization"):
             ap.error(f"unknown case {name!r}: use local, magnetization")
@@ -232,9 +232,11 @@ def main(argv=None):
                           f"dropped {fmt(sum(r.get('dropped_norm', [])), 6)}, engine {r.get('engine')}"
                           + (f", exact {exact['exact']:.6f} (within the dropped norm: {r.get('within_dropped_norm')})"
                              if "exact" in exact else f", exact: {exact.get('status')}"), flush=True)
+                    # after every record, so a run stopped from outside keeps what it measured
+                    out = benchtools.write_result({"meta": meta, "records": records}, out, "large_n",
+                                                  meta.get("jax_backend", "unknown"))
                     if r["status"] != "ok":
                         break
-    benchtools.write_result({"meta": meta, "records": records}, args.out, "large_n", meta.get("jax_backend", "unknown"))
 
 
 if __name__ == "__main__":
