@@ -32,14 +32,20 @@ def pack(paulis: list[dict[int, str]], num_qubits: int) -> tuple[np.ndarray, np.
     w = num_lanes(num_qubits)
     x = np.zeros((len(paulis), w), dtype=np.uint32)
     z = np.zeros((len(paulis), w), dtype=np.uint32)
+    # the sites in lists, the bits set at once (a numpy item update a site cost 100,000 rotations 0.5 s)
+    rows, qubits, has_x, has_z = [], [], [], []
     for t, word in enumerate(paulis):
         for q, ch in word.items():
             bx, bz = LABEL_TO_BITS[ch]
-            bit = np.uint32(1 << (q % LANE_BITS))
-            if bx:
-                x[t, q // LANE_BITS] |= bit
-            if bz:
-                z[t, q // LANE_BITS] |= bit
+            rows.append(t)
+            qubits.append(q)
+            has_x.append(bx)
+            has_z.append(bz)
+    if rows:
+        rows, qubits = np.asarray(rows, np.int64), np.asarray(qubits, np.int64)
+        lane, bit = qubits // LANE_BITS, np.left_shift(np.uint32(1), (qubits % LANE_BITS).astype(np.uint32))
+        for out, has in ((x, np.asarray(has_x, bool)), (z, np.asarray(has_z, bool))):
+            np.bitwise_or.at(out, (rows[has], lane[has]), bit[has])  # unbuffered: sites of one lane add up
     return x, z
 
 
