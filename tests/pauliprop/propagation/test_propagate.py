@@ -856,7 +856,7 @@ def test_a_local_observable_runs_on_its_light_cones_qubits_with_the_same_answer(
     """A concrete call renumbers its observable's light cone's qubits in order where they take fewer lanes than
     the circuit's (lowered(renumber=True)): on 300 qubits its words take one lane where the circuit's take ten,
     and the value in a product of random Bloch vectors, the dropped norms, the terms after each row and the
-    live terms (back on the circuit's qubits) are those of the run on every lane."""
+    live terms (back on the circuit's qubits) are those of the run on every lane; with Pauli channels in the cone."""
     from pauliprop.propagation import propagate as PR
 
     if engine == "tiled":
@@ -870,6 +870,8 @@ def test_a_local_observable_runs_on_its_light_cones_qubits_with_the_same_answer(
 
     def run(renumber: bool):
         c = brickwork(n, BRICK_LAYERS, np.random.default_rng(3))  # a new circuit: its lowered programs are new
+        for q in (10, 149, 151, 289):  # channels in the cone and outside it, renumbered with its gates
+            c.depolarize(q, 0.05).pauli_channel(q + 1, 0.01, 0.02, 0.03)
         with pytest.MonkeyPatch.context() as m:
             if not renumber:  # the cone as wide as the circuit: nothing to renumber
                 m.setattr(P, "qubits_of", lambda prog, support=0: np.arange(prog.num_qubits))
