@@ -33,6 +33,7 @@ run's buffers serve the next run as they are (propagate.py keeps them between ca
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -361,17 +362,12 @@ def layers_of(T, params, lanes: int, dtype) -> Layer | None:
     its row (one H200, 8x8 Ising, 2026-11-28: making a unit's tables in the loop took about twenty
     small kernels, 31 ms of the 0.35 s run); None where they would take more than LAYER_TABLES_BYTES
     (then each unit makes its own)."""
-    if T["u_kind"].shape[0] * layer_bytes(lanes, dtype) > LAYER_TABLES_BYTES:
+    units = T["u_kind"].shape[0]
+    one = jax.eval_shape(lambda: layer_of(T, 0, params, lanes, dtype))  # the fold's byte tables dominate: 4096 W^2
+    unit_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(one))
+    if units * unit_bytes > LAYER_TABLES_BYTES:
         return None
-    return jax.vmap(lambda u: layer_of(T, u, params, lanes, dtype))(jnp.arange(T["u_kind"].shape[0]))
-
-
-def layer_bytes(lanes: int, dtype) -> int:
-    """The bytes of one unit's Layer, from layer_of's shapes (tracing layer_of for them cost a program's trace
-    about 30 ms): the fold's byte tables dominate, 4096 W^2."""
-    most, word, real = pauli_words.LANE_BITS * lanes, 4, np.dtype(dtype).itemsize
-    gens, cos_sin, supports, flags = most * 2 * lanes * word, 2 * most * real, 2 * lanes * word, 2
-    return gens + cos_sin + supports + flags + 4 * lanes * 256 * lanes * word + most * word
+    return jax.vmap(lambda u: layer_of(T, u, params, lanes, dtype))(jnp.arange(units))
 
 
 def _byte_tables(image):

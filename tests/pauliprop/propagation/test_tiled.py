@@ -211,22 +211,3 @@ def test_layer_passes_follow_the_layers_order():
         word = jnp.array([[0b10100110, 0]], jnp.uint32)  # X on qubits 1, 2, 5, 7
         order = [int(tiled.turning_at(word, jnp.array([True]), j, layer)[1][0]) for j in range(4)]
         assert [qubits[i] for i in order] == [q for q in qubits if q in (1, 2, 5, 7)]
-
-
-@pytest.mark.parametrize("n", [20, 40, 100])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_layers_bytes_are_those_of_its_tables(n, dtype):
-    """layer_bytes (which decides whether every unit's layer tables are made once a run) equals the bytes of
-    layer_of's arrays, for one to four lanes and both coefficient types."""
-    c = pp.Circuit(n)
-    for q in range(0, n, 3):
-        c.rx(q, pp.Param(0))
-    c.rzz(0, n - 1, 0.3)
-    truncation = pp.Truncation(min_abs_coeff=1e-3)
-    low = prop.lowered(c, truncation, "cpu", layers=True)
-    lanes = low.program.gx.shape[1]
-    T = jax.tree_util.tree_map(jax.numpy.asarray, low.tables)
-    with jax.enable_x64(dtype == np.float64):
-        shapes = jax.eval_shape(lambda: tiled.layer_of(T, 0, jax.numpy.zeros(1, dtype), lanes, dtype))
-        want = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(shapes))
-        assert tiled.layer_bytes(lanes, dtype) == want
