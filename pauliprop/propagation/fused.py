@@ -151,7 +151,7 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
         cs, sn = cos[r].astype(dtype), sin[r].astype(dtype)
         spawn = sn * sgn * c
-        keep_spawn, drop_spawn = _dropped(limits, spawn, weight_q, s + 1, lone)
+        keep_spawn, lost_spawn = _dropped(limits, spawn, weight_q, s + 1, lone)
         if count_only:
             counts[tile_k, pid] = jnp.sum(keep_spawn.astype(jnp.int32))
             return
@@ -173,11 +173,11 @@ def _kernel(scal, lim_i, lim_f, gens, cos, sin, base, partner, rot, words_in, co
         theirs = cs * cq + sn * sgn * c
         my_sins = jnp.where(lead, jnp.minimum(s, sq + 1), s)
         their_sins = jnp.minimum(sq, s + 1)
-        keep_mine, drop_mine = _dropped(limits, mine, weight_p, my_sins, lead | lone)
-        keep_theirs, drop_theirs = _dropped(limits, theirs, weight_q, their_sins, lead)
+        keep_mine, lost_mine = _dropped(limits, mine, weight_p, my_sins, lead | lone)
+        keep_theirs, lost_theirs = _dropped(limits, theirs, weight_q, their_sins, lead)
         for k in range(3):
-            if drop_mine[k] is not None:
-                stats[pid, k] += jnp.sum(drop_mine[k] + drop_theirs[k] + drop_spawn[k]).astype(stats.dtype)
+            if lost_mine[k] is not None:
+                stats[pid, k] += jnp.sum(lost_mine[k] + lost_theirs[k] + lost_spawn[k]).astype(stats.dtype)
         mine_at = (lead | lone) & fits
         lead = lead & fits
         keep_spawn = keep_spawn & fits

@@ -166,6 +166,12 @@ def light_cone(prog: Program, support: int) -> np.ndarray:
     by then, and they can then reach all of its qubits. A row outside acts on every word as the
     identity (a Clifford maps I to I, a rotation commutes, a channel's factor on I is 1), so leaving
     it out changes nothing. Returns the kept rows, in circuit order."""
+    return light_cone_reach(prog, support)[0]
+
+
+def light_cone_reach(prog: Program, support: int) -> tuple[np.ndarray, int]:
+    """(light_cone's rows, the qubits the words can reach through them: `support` and every kept row's qubits,
+    as a bit mask)."""
     kept = []
     masks = row_masks(prog)
     for r in range(prog.length - 1, -1, -1):
@@ -173,14 +179,11 @@ def light_cone(prog: Program, support: int) -> np.ndarray:
         if acts & support:
             kept.append(r)
             support |= acts
-    return np.array(kept[::-1], dtype=np.int64)
+    return np.array(kept[::-1], dtype=np.int64), support
 
 
-def qubits_of(prog: Program, support: int = 0) -> np.ndarray:
-    """The qubits (increasing) that the rows act on or `support` (a bit mask) holds."""
-    mask = support
-    for m in row_masks(prog):
-        mask |= m
+def mask_qubits(mask: int) -> np.ndarray:
+    """The qubits (increasing) of a bit mask."""
     bits = np.frombuffer(mask.to_bytes(words.LANE_BITS // 8 * max(1, words.num_lanes(mask.bit_length())), "little"),
                          np.uint8)
     return np.flatnonzero(np.unpackbits(bits, bitorder="little"))

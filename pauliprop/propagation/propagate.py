@@ -130,11 +130,12 @@ def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None
         if sibling is not None:
             rows, prog, sched, qubits = sibling.rows, sibling.program, sibling.schedule, sibling.qubits
         else:
-            rows = program.light_cone(full, support) if support is not None else np.arange(full.length)
+            rows, reach = program.light_cone_reach(full, support) if support is not None else \
+                (np.arange(full.length), None)
             prog = program.restrict(full, rows) if len(rows) < full.length else full
             qubits = None
             if key[-1]:
-                cone = program.qubits_of(prog, support)
+                cone = program.mask_qubits(reach)
                 if len(cone) and pauli_words.num_lanes(len(cone)) < pauli_words.num_lanes(prog.num_qubits):
                     prog, qubits = program.renumbered(prog, cone), cone
             sched = schedule.schedule(prog, weight_each_gate=weight_each, backend=backend)

@@ -126,16 +126,21 @@ def test_light_cone_keeps_the_rows_that_can_reach_the_observable():
     assert P.light_cone(prog, 1 << 3).tolist() == [5]
     assert P.light_cone(prog, 0).tolist() == []
     assert P.light_cone(prog, (1 << 6) - 1).tolist() == list(range(prog.length))
+    assert P.light_cone_reach(prog, 1 << 1)[1] == (1 << 0) | (1 << 1) | (1 << 4)
+    assert P.light_cone_reach(prog, 1 << 3)[1] == 1 << 3
 
 
 def test_renumbered_program_acts_on_the_same_qubits_under_their_new_numbers():
-    """renumbered(prog, qubits_of(prog)): row for row the same operations (kinds, tables, angles), each acting on
-    qubit k where the original acts on qubits[k], its generators on fewer lanes."""
+    """renumbered(prog, the qubits its rows act on): row for row the same operations (kinds, tables, angles), each
+    acting on qubit k where the original acts on qubits[k], its generators on fewer lanes."""
     c = pp.Circuit(300)
     c.rzz(31, 290, 0.3).rx(126, pp.Param(0)).cx(0, 64).h(95).pauli_rotation("XYZ", [33, 64, 290], 0.2)
     c.depolarize(126, 0.01).s(0)
     prog = P.lower(c)
-    qubits = P.qubits_of(prog, support=1 << 200)
+    mask = 1 << 200
+    for m in P.row_masks(prog):
+        mask |= m
+    qubits = P.mask_qubits(mask)
     assert qubits.tolist() == [0, 31, 33, 64, 95, 126, 200, 290]
     small = P.renumbered(prog, qubits)
     assert small.num_qubits == 8 and small.gx.shape == (prog.length, 1)

@@ -874,7 +874,7 @@ def test_a_local_observable_runs_on_its_light_cones_qubits_with_the_same_answer(
             c.depolarize(q, 0.05).pauli_channel(q + 1, 0.01, 0.02, 0.03)
         with pytest.MonkeyPatch.context() as m:
             if not renumber:  # the cone as wide as the circuit: nothing to renumber
-                m.setattr(P, "qubits_of", lambda prog, support=0: np.arange(prog.num_qubits))
+                m.setattr(P, "mask_qubits", lambda mask: np.arange(n))
             val, stats = pp.expectation(c, h, state=state, truncation=cut, return_stats=True)
             out, _ = pp.propagate(c, h, truncation=cut)
             low = PR.lowered(c, cut, None, layers=True, support=PR.observable_support(h), renumber=True)
