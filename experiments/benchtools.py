@@ -140,10 +140,11 @@ def save_figure(fig, path) -> None:
     plt.close(fig)
 
 
-def device_kernels(run, top: int = 25) -> dict:
+def device_kernels(run, top: int = 25, bounds_us: tuple = ()) -> dict:
     """Run `run()` once under JAX's profiler and sum the device's kernels by name: the span (host wall
     time), the device's busy time, the kernel count, the device-to-host copies (each a wait for the
-    host) and the `top` kernels as (name, ms, count)."""
+    host) and the `top` kernels as (name, ms, count); with bounds_us, also each top kernel's
+    milliseconds and launches between consecutive bounds (by_duration: name -> [[ms, count], ...])."""
     import collections
     import glob
     import gzip
@@ -167,9 +168,19 @@ def device_kernels(run, top: int = 25) -> dict:
         by_name[e["name"][:60]] += e["dur"]
         count[e["name"][:60]] += 1
     copies = sum(c for name, c in count.items() if "memcpy" in name.lower() and ("dtoh" in name.lower() or "d2h" in name.lower()))
-    return {"profiled_span_s": span, "device_events": len(device), "device_busy_s": sum(e["dur"] for e in device) * 1e-6,
-            "device_to_host_copies": copies,
-            "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(top)]}
+    out = {"profiled_span_s": span, "device_events": len(device), "device_busy_s": sum(e["dur"] for e in device) * 1e-6,
+           "device_to_host_copies": copies,
+           "top": [(name, round(t * 1e-3, 3), count[name]) for name, t in by_name.most_common(top)]}
+    if bounds_us:
+        edges = (0, *bounds_us, float("inf"))
+        bins = collections.defaultdict(lambda: [[0.0, 0] for _ in range(len(edges) - 1)])
+        for e in device:
+            k = next(j for j in range(len(edges) - 1) if e["dur"] < edges[j + 1])
+            bins[e["name"][:60]][k][0] += e["dur"] * 1e-3
+            bins[e["name"][:60]][k][1] += 1
+        out["bounds_us"] = list(bounds_us)
+        out["by_duration"] = {name: [[round(ms, 3), c] for ms, c in bins[name]] for name, _ in by_name.most_common(top)}
+    return out
 
 
 def watch_compilations():
