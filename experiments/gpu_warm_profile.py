@@ -1,11 +1,13 @@
-"""Where a warm GPU propagation's time goes: each kernel's launches and device time, and the gaps between them.
+"""Where a warm GPU propagation's time goes: each kernel's launches and device time.
 
 For the workloads of native_peers.py (`ki`, `isingL`; gpu_compile_parts.case_circuit), pp.expectation runs until
-warm, then one call runs under jax.profiler. From the device's trace: the call's span, the device's busy time
-(the union of its kernels), and for each kernel name its launches, total and mean time, and which rows of the
-live terms it handles (the Pallas kernels by their names; XLA's own fusions by theirs). Also the passes (the
-pairing's insert kernel's launches) and the live terms a pass sees, from the run's own statistics, so a pass's
-time can be set against the bytes it moves.
+warm (the last warm call's seconds are recorded), then one call runs under jax.profiler
+(benchtools.device_kernels): the call's span, the sum of the device's kernel times, and for each kernel name its
+launches and total time, split by duration (under 10 us, under 50 us, longer: passes over few words and over
+many). Beside them the passes (the pairing's insert kernel's launches) and the run's term-ops (the live terms
+after each operation, summed). With command buffers on (the default, as users run), the profiler sees each
+kernel of the CUDA graph once: `--no-command-buffers` compiles the program without them so that every launch
+is seen (the run is slower then: each launch waits for the host).
 
     python experiments/gpu_warm_profile.py --cases ki,ising4,ising8 --out experiments/results/gpu_warm_profile_h100_<date>.json
 """
