@@ -586,8 +586,6 @@ FUSED = {"gpu": "gpu"}
 # largest kernel 1.1 s at 4 lanes, 1.6 s at 8, 4.2 s at 16; at 157 lanes a GPU call did not return in 245 s). Wider
 # words run on XLA's passes, whose program does not grow with the lanes
 FUSED_MAX_LANES = 8
-FUSED_TILE = 1 << 22  # the fused kernels' tiles: blocks past the live words return at once (one H200, 2026-11-28, warm
-#                       4x4 / 8x8 Ising: 0.186 / 0.778 s with 2^18, 0.140 / 0.535 s with 2^20, 0.138 / 0.467 s with 2^22)
 # the fewest slots a run's buffers have: small circuits of one shape share a program whatever their sizes
 MIN_CAPACITY = {"cpu": 1 << 12}
 GPU_MIN_CAPACITY = 1 << 16
@@ -715,7 +713,7 @@ def tiled_capacity(low: Lowered, terms: int, lanes: int, dtype, max_capacity: in
 def tiled_config(low: Lowered, truncation: Truncation, capacity: int, backend: str) -> tiled.Config:
     features = engine.features(low.units, low.schedule)
     fused = FUSED.get(backend, "") if low.program.gx.shape[1] <= FUSED_MAX_LANES else ""
-    tile = TILE.get(backend, FUSED_TILE if fused else GPU_TILE)
+    tile = TILE.get(backend, GPU_TILE)  # (the fused kernels take every live block in one launch whatever the tile)
     return tiled.Config(capacity=capacity, tile=min(capacity, tile), rules=truncation.rules,
                         per=truncation.per, units=features["units"], clifford=features["clifford"],
                         unroll=map_unroll(backend, capacity), sweep=1 if backend == "cpu" else SWEEP,

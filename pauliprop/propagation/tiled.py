@@ -60,7 +60,8 @@ class Work(NamedTuple):
     #                  (bytes, not bools: the GPU's kernels (fused.py) store them)
     partner: jax.Array  # (C,) int32: a pass's pairing (pairing.py)
     rot: jax.Array  # (C,) int32: the rotation each word turns by in the pass
-    slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one (fused: its pair's home)
+    slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one (fused: its pair's home, or ~ the
+    #                  slot its exchanges filled: fused._insert_kernel)
     table: jax.Array  # (2C,) int32: the pairing's hash table, all pairing.EMPTY between passes
 
 
@@ -321,6 +322,8 @@ class Layer(NamedTuple):
     fold: tuple  # byte tables of the map from per-qubit anticommutation bits to each generator's lowest qubit
     rotation_at: jax.Array  # (32 W,) int32: the rotation whose lowest qubit is q
     down: jax.Array  # bool: the rotations come in decreasing order of their lowest qubits
+    low: jax.Array  # (R,) int32: each rotation's lowest qubit (32 W past the layer's rotations)
+    few: jax.Array  # bool: at most fused.FEW rotations (the GPU's kernels take each one's parity, not the fold)
 
 
 def _lowest(words):
@@ -351,7 +354,8 @@ def layer_of(T, u, params, lanes: int, dtype) -> Layer:
                       jnp.uint32(1) << (jnp.maximum(owner, 0) % 32).astype(jnp.uint32)[:, None], jnp.uint32(0))
     return Layer(jnp.concatenate([gx, gz], -1), jnp.cos(angle), jnp.sin(angle),
                  lax.reduce(gx, jnp.uint32(0), lax.bitwise_or, (0,)), lax.reduce(gz, jnp.uint32(0), lax.bitwise_or, (0,)),
-                 jnp.all(jnp.where(on, weights <= 1, True)), _byte_tables(image), rotation_at, T["u_down"][u])
+                 jnp.all(jnp.where(on, weights <= 1, True)), _byte_tables(image), rotation_at, T["u_down"][u], low,
+                 count <= fused.FEW)
 
 
 LAYER_TABLES_BYTES = 1 << 28  # every unit's layer tables are made once a run when they take at most this
@@ -425,7 +429,7 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, 
     rules = limits.off_unless(~T["u_defer"][u])
 
     def cond(c):
-        s, passes = c
+        s, passes = c[:2]
         return (s.step < passes) & (s.need == 0)
 
     def one_pass(c):
@@ -434,18 +438,26 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, 
             t, rot, passes = turning_at(w, valid, s.step, layer)
             return t, rot, w ^ layer.gens[rot], passes
 
-        if cfg.fused:
-            work, turning, most = fused.pair(s.work, s.n, s.step, layers, row, cfg)
-            work, need, added, dropped, gone = fused.mix(work, s.n, layers, row, rules, s.dropped, turning, cfg)
-        else:
-            work, turning, most = pairing.pair(s.work, s.n, turn, cfg)
-            work, need, added, dropped, gone = _mix(work, s.n, layer, rules, s.dropped, turning, cfg)
+        work, turning, most = pairing.pair(s.work, s.n, turn, cfg)
+        work, need, added, dropped, gone = _mix(work, s.n, layer, rules, s.dropped, turning, cfg)
         work, n = compact(work, s.n + added, cfg, gone)
         peak = jnp.maximum(s.peak, n)
         stepped = jnp.where(need > 0, s.step, s.step + 1)
         return s._replace(work=work, n=n, step=stepped, need=need, dropped=dropped, peak=peak), most
 
-    st, _ = lax.while_loop(cond, one_pass, (st, jnp.where(active, st.step + 1, 0)))
+    def kernel_pass(c):  # the kernels carry the pass's scalars and leave the State's as they are read
+        s, _, scal = c
+        work, scal, n, step, need, most, dropped, peak = fused.rotation_pass(s.work, scal, layers, lims, s.dropped,
+                                                                             s.peak, cfg)
+        return s._replace(work=work, n=n, step=step, need=need, dropped=dropped, peak=peak), most, scal
+
+    passes = jnp.where(active, st.step + 1, 0)
+    if cfg.fused:
+        lims = fused.limit_arrays(rules, st.work.coeffs.dtype)  # made once a unit
+        scal = fused.pass_scalars(st.n, st.step, layers, row, st.work.coeffs.shape[0])
+        st, _, _ = lax.while_loop(cond, kernel_pass, (st, passes, scal))
+    else:
+        st, _ = lax.while_loop(cond, one_pass, (st, passes))
     return st._replace(step=jnp.where(st.need > 0, st.step, 0))
 
 
@@ -544,6 +556,9 @@ def end_rules(kind, limits: Limits, cfg: Config) -> Limits:
     return limits.off_unless_each(on)
 
 
+ENDING = (schedule.U_CLIFFORD, schedule.U_CHANNEL, schedule.U_TRUNCATE)  # the unit kinds whose rules act at their end
+
+
 def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config):
     """Apply units `unit` .. num_units - 1 (starting at pass `step` of the first) to the prefix [0, n).
     Stops at a pass whose appended words would not fit (State.need > 0). Returns the State."""
@@ -565,12 +580,14 @@ def run(T: dict, work: Work, n, unit, step, params, limits: Limits, cfg: Config)
         for f, kinds in unit_functions:
             if any(k in cfg.units for k in kinds):
                 st = f(st, u, T, params, limits, cfg, functools.reduce(jnp.logical_or, [kind == k for k in kinds]))
-        # the other units' rules at their ends, and their compaction: one loop for every kind
-        whole = (kind == schedule.U_CLIFFORD) | (kind == schedule.U_CHANNEL) | (kind == schedule.U_TRUNCATE)
-        live = jnp.where(whole, st.n, 0)
-        work, dropped = _tile_rules(st.work, live, end_rules(kind, limits, cfg), cfg, st.dropped)
-        work, n = compact(work, live, cfg)
-        st = st._replace(work=work, dropped=dropped, n=jnp.where(whole, n, st.n))
+        # the other units' rules at their ends, and their compaction: one loop for every kind (none in a program
+        # of rotations alone: each loop of zero trips costs a GPU's unit its test)
+        if any(k in cfg.units for k in ENDING):
+            whole = functools.reduce(jnp.logical_or, [kind == k for k in ENDING])
+            live = jnp.where(whole, st.n, 0)
+            work, dropped = _tile_rules(st.work, live, end_rules(kind, limits, cfg), cfg, st.dropped)
+            work, n = compact(work, live, cfg)
+            st = st._replace(work=work, dropped=dropped, n=jnp.where(whole, n, st.n))
         done = st.need == 0
         return st._replace(unit=jnp.where(done, u + 1, u), terms=st.terms.at[u].set(st.n),
                            peak=jnp.maximum(st.peak, st.n))

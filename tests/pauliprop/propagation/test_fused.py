@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -85,6 +86,28 @@ def test_kernels_give_the_xla_passes_answer(kernels, n, layers, truncation):
     kernels.setitem(prop.FUSED, "cpu", "interpret")
     got = _run(c, h, params, truncation)
     assert want[2] > 256  # the terms spread over several tiles
+    _assert_same(got, want)
+
+
+@pytest.mark.parametrize("few", [0, 32])
+def test_layers_found_by_parity_or_by_the_fold_give_the_xla_passes_answer(kernels, few):
+    """Which rotations of a layer a word anticommutes with, found rotation by rotation (layers of at most
+    fused.FEW; 32: every layer on one lane) or by the fold's byte tables (FEW 0: every layer), is the same."""
+    rng = np.random.default_rng(7)
+    c, params = _layered(40, 2, rng)
+    h = _observable(40, rng)
+    truncation = pp.Truncation(min_abs_coeff=3e-3, max_weight=6)
+    kernels.setitem(prop.FUSED, "cpu", "")
+    want = _run(c, h, params, truncation)
+    kernels.setitem(prop.FUSED, "cpu", "interpret")
+    default = fused.FEW
+    kernels.setattr(fused, "FEW", few)
+    jax.clear_caches()  # FEW is read where the program is traced
+    try:
+        got = _run(c, h, params, truncation)
+    finally:
+        fused.FEW = default
+        jax.clear_caches()
     _assert_same(got, want)
 
 
@@ -165,19 +188,23 @@ def test_float32_kernels_give_the_xla_passes_answer(kernels):
     _assert_same(got, want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tiles, blocks, channels, rows", [(3, 16, 2, 2), (2, 4, 1, 2), (4, 8, None, 4)])
-def test_offsets_are_running_sums_tile_after_tile(monkeypatch, tiles, blocks, channels, rows):
-    """`offsets`: each block's base is the start plus every count before it (tile after tile, each channel
-    on its own) over the first `rows` tiles, and the total their sum, whether a tile's blocks take one scan
-    or several (BLOCK 4: 16 blocks in four)."""
+@pytest.mark.parametrize("blocks, channels, live", [(48, 2, 32), (8, 1, 5), (32, None, 32), (16, 2, 0)])
+def test_offsets_are_running_sums_of_the_live_blocks(monkeypatch, blocks, channels, live):
+    """`offsets`: each live block's base (a block holds the words [4 b, 4 b + 4)) is the start plus every
+    count before it (each channel on its own) and the total their sum, whether the blocks take one scan or
+    several (BLOCK 4: 48 blocks in twelve); the counts of blocks past the live words (never written by the
+    kernels) are not read."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(fused, "BLOCK", 4)
     rng = np.random.default_rng(blocks)
-    shape = (tiles, blocks) + ((channels,) if channels else ())
+    shape = (blocks,) + ((channels,) if channels else ())
     counts = rng.integers(0, 50, shape).astype(np.int32)
-    base, total = fused.offsets(counts, np.int32(rows), np.int32(7), SimpleNamespace(fused="interpret"))
-    flat = counts[:rows].reshape(rows * blocks, -1)
+    counts[live:] = 1 << 20  # unwritten
+    words = max(4 * live - 3, 0)  # the last live block holds one word
+    scal = np.array([words, 7], np.int32)
+    base, total = fused.offsets(counts, scal, SimpleNamespace(fused="interpret", tile=4), start_at=1)
+    flat = counts[:live].reshape(live, channels or 1)
     want = 7 + np.cumsum(flat, axis=0) - flat
-    np.testing.assert_array_equal(np.asarray(base)[:rows].reshape(rows * blocks, -1), want)
+    np.testing.assert_array_equal(np.asarray(base)[:live].reshape(live, channels or 1), want)
     np.testing.assert_array_equal(np.asarray(total).reshape(-1), flat.sum(axis=0))
