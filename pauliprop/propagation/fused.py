@@ -4,7 +4,7 @@ XLA runs a pass of the tiled engine (pairing.pair, tiled._mix, tiled.compact) as
 tile: the pairing's rounds of scatter-min and gathers, the mix's gathers, scatters and sums, the
 compaction's prefix count and scatters, each reading its operands from memory and writing them back.
 On one H200 (2026-11-28, 2D Ising 4x4, tiles of 2^18 words) that was 380 ms of kernels, about 2.5 us
-each, where a tile's bytes move in a few microseconds. Here a pass (`rotation_pass`) is eleven launches
+each, where a tile's bytes move in a few microseconds. Here a pass (`rotation_pass`) is ten launches
 of a fixed number of programs (`programs`: a few a streaming multiprocessor), program p taking the
 blocks of BLOCK live words p, p + P, p + 2 P, ..., so that a pass over a few words launches no idle
 programs by the thousand and one over millions takes every block in one launch:
