@@ -61,6 +61,9 @@ BLOCK = 1024  # words a program handles
 NUM_WARPS = 8
 PROGRAMS_PER_CORE = 4  # a pass's launches: this many programs a streaming multiprocessor, each taking every P-th block
 FEW = 4  # a layer of at most this many rotations finds the ones a word anticommutes with rotation by rotation
+FEW_LANES = 2  # ... on words of at most this many lanes: that code is unrolled over rotations and lanes (the kicked
+#                Ising's insert kernel, 4 lanes, 122 kB of PTX with it against 90 kB; its layers are of one-qubit
+#                rotations, which never take it)
 INTERPRET_PROGRAMS = 2  # the interpreter's (tests: fewer than the blocks, so that programs take several)
 
 
@@ -431,7 +434,8 @@ def _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, 
             out = [jnp.where(at // 32 == k, out[k] | bit, out[k]) for k in range(lanes)]
         return out
 
-    bits = lax.cond(single, lambda m: list(m), lambda m: lax.cond(few, each, folded, m), meets)
+    several = (lambda m: lax.cond(few, each, folded, m)) if lanes <= FEW_LANES else folded
+    bits = lax.cond(single, lambda m: list(m), several, meets)
     passes = sum(_popcount(b) for b in bits)
     nth = jnp.where(down, passes - 1 - step, step)
     at, has = _nth_set_bit(bits, jnp.maximum(nth, 0))
