@@ -106,9 +106,9 @@ def _dropped(limits: Limits, coeffs, weights, sins, candidate):
 def programs(cfg) -> int:
     """The programs of a pass's launches: PROGRAMS_PER_CORE a streaming multiprocessor of the GPU (the
     interpreter: INTERPRET_PROGRAMS), at most one a block of the buffers."""
-    cores = INTERPRET_PROGRAMS if cfg.fused == "interpret" else PROGRAMS_PER_CORE * _cores()
-    cores = 1 << (max(1, min(cores, cfg.capacity // block(cfg.tile))).bit_length() - 1)
-    return cores  # a power of two: a kernel reads every program's statistics as one vector
+    count = INTERPRET_PROGRAMS if cfg.fused == "interpret" else PROGRAMS_PER_CORE * _cores()
+    count = min(count, cfg.capacity // block(cfg.tile))
+    return 1 << (max(1, count).bit_length() - 1)  # a power of two: a kernel reads every program's statistics as one vector
 
 
 def _cores() -> int:
@@ -224,14 +224,6 @@ def _fits(n, paired, cap: int):
     statistics, a row a program) fit in the capacity (a bound: counting the appended words exactly would
     cost a pass a wait)."""
     return n + jnp.sum(paired[:, 0]) <= cap
-
-
-def _table_mask(n, size: int):
-    """pairing.table_mask in a kernel: the smallest power of two >= LOAD n (at most size), less one."""
-    v = jnp.maximum(n.astype(jnp.uint32) * jnp.uint32(pairing.LOAD) - jnp.uint32(1), jnp.uint32(1))
-    for shift in (1, 2, 4, 8, 16):
-        v = v | (v >> shift)
-    return jnp.minimum(v, jnp.uint32(size - 1)).astype(jnp.int32)
 
 
 def limit_arrays(limits: Limits, dtype):
@@ -471,7 +463,7 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, low, gens, words, partner_in
     del partner_in, rot_in, slot_in, table_in
     pid = pl.program_id(0)
     n, step, row, single, down, few = scal[0], scal[1], scal[2], scal[3] != 0, scal[4] != 0, scal[6] != 0
-    mask = _table_mask(n, table.shape[0])
+    mask = pairing.table_mask(n, table.shape[0]).astype(jnp.int32)
     stats[pid, 0] = jnp.int32(0)
     stats[pid, 1] = jnp.int32(0)
 
@@ -526,7 +518,7 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
     scal: the pass's (`rotation_pass`)."""
     del partner_in
     n, row, cap = scal[0], scal[2], partner.shape[0]
-    mask = _table_mask(n, table.shape[0])
+    mask = pairing.table_mask(n, table.shape[0]).astype(jnp.int32)
 
     def run(_, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)

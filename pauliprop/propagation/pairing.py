@@ -68,9 +68,13 @@ def _probe(words, partners):
 
 
 def table_mask(n, table_size: int):
-    """The part of the table a pass over n words uses: a power of two >= LOAD n (at most the table)."""
-    want = jnp.left_shift(jnp.int32(1), 32 - lax.clz(jnp.maximum(LOAD * n - 1, 1).astype(jnp.uint32)).astype(jnp.int32))
-    return (jnp.minimum(want, table_size) - 1).astype(jnp.uint32)
+    """The part of the table a pass over n words uses, less one: a power of two >= LOAD n (at most the table).
+    The bits below LOAD n - 1 smeared, in uint32 (LOAD n passes int32 at 2^29 words), by ops the GPU's kernels
+    lower too (fused.py calls it in its kernels)."""
+    v = jnp.maximum(jnp.asarray(n).astype(jnp.uint32) * jnp.uint32(LOAD), jnp.uint32(2)) - jnp.uint32(1)
+    for shift in (1, 2, 4, 8, 16):
+        v = v | (v >> shift)
+    return jnp.minimum(v, jnp.uint32(table_size - 1))
 
 
 def _round(table, words, r, state, slot, idx, h1, step, partners, mask):
