@@ -20,6 +20,9 @@ import sys
 import time
 
 os.environ.setdefault("PAULIPROP_HOST_FIRST", "0")
+# no stored programs: they are keyed by pauliprop's source, not by the constants --fused sets (an A/B of two
+# constants in one machine would time the first one's program twice)
+os.environ["PAULIPROP_NO_CACHE"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
