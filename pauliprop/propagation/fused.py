@@ -26,21 +26,12 @@ programs by the thousand and one over millions takes every block in one launch:
            each a node of the CUDA graph, a few microseconds, and a pass over few words is mostly such nodes).
   holes, offsets, fill
            the compaction: the staying words past the new end fill the holes below it, the r-th the
-           r-th (only those words move; the order of the live words is not kept), and the parked words go up.
-  unpark   (a layer's end) the parked words back behind the live ones.
-
-Parking: a word turns in a layer's passes 0 .. k-1, k the layer's rotations it anticommutes with, and so do the
-words its turns make (one fiber: the rotations commute). Past its last turn a pass read it for nothing (the 2D
-Ising 8x8: 81% of the words its passes read did not turn; 1.4e9 of 1.7e9), so the mix flags the words the
-layer's later passes would not turn (every word not turning, and a fiber at its last turn: `_insert_kernel`'s
-LAST) and the compaction moves them above the live words, below the capacity (`_parking` says when there is
-room and a later pass to spare). The passes then read only the words that still turn.
+           r-th (only those words move; the order of the live words is not kept).
   clifford (a unit of its own) each word through a Clifford run's gates one after the other in
            registers, the weight rule after every gate (where XLA ran a few kernels a gate).
 
 The answer is the XLA passes', word for word (tests/pauliprop/propagation/test_fused.py, by Pallas's
-interpreter), the coefficients to rounding (which member of a pair computes both follows the buffer's order,
-which parking changes; on a GPU Triton also contracts products into FMAs). No two lanes of a launch
+interpreter; on a GPU to rounding, Triton contracting products into FMAs). No two lanes of a launch
 write one slot: a pair is written by its lower member alone, appended and placed words go to distinct
 slots. Lanes that write nothing point past the buffer (its capacity), where a GPU's masked store never
 goes and the interpreter's scatter drops the write.
@@ -74,9 +65,6 @@ FEW_LANES = 2  # ... on words of at most this many lanes: that code is unrolled 
 #                Ising's insert kernel, 4 lanes, 122 kB of PTX with it against 90 kB; its layers are of one-qubit
 #                rotations, which never take it)
 INTERPRET_PROGRAMS = 2  # the interpreter's (tests: fewer than the blocks, so that programs take several)
-LAST = 1 << 16  # Work.rot's flag of a word's last turn in its layer (`_insert_kernel`), above its rotation index
-PARKED = 2  # Work.gone of a word parked: done with its layer, moved above the live words until the layer ends
-PARK_AHEAD = 1  # a pass parks the words done with their layer when at least this many passes follow (0: never)
 
 
 def block(tile: int) -> int:
@@ -145,10 +133,9 @@ def _over_blocks(n, bw: int, block_body, start=0):
 def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot, words_in, coeffs_in, sins_in, gone_in,
             table_in, *outs, lanes: int, bw: int, rules: tuple, sins_on: bool, count_only: bool):
     """One program: its blocks of the live words (`_over_blocks`). scal: the pass's (`rotation_pass`);
-    paired: the pairing's statistics (every program's turning words and most passes: whether the pass fits and
-    parks). count_only: the appended words the block keeps, into counts[b]; else the mix, with block b's
-    appended words from base[b] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone, words
-    flagged PARKED)."""
+    paired: the pairing's statistics (every program's turning words: whether the pass fits).
+    count_only: the appended words the block keeps, into counts[b]; else the mix, with block b's appended
+    words from base[b] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
     if count_only:
         (counts,) = outs
     else:
@@ -157,21 +144,20 @@ def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot
     pid = pl.program_id(0)
     cap = coeffs_in.shape[0]
     n, row = scal[0], scal[2]
-    fits = _fits(scal, paired)
-    parking = _parking(scal, paired)
+    fits = _fits(n, paired, cap)
     most = 32 * lanes  # rows of a unit's layer tables
     if not count_only:
-        for k in range(stats.shape[1]):
+        for k in range(4):
             stats[pid, k] = jnp.zeros((), stats.dtype)
 
     def run(b, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         sink = jnp.full(i.shape, cap, jnp.int32)
         limits = _rules(rules, lim_i, lim_f)
-        p, raw = partner[i], rot[i]
+        p, r = partner[i], rot[i]
         t = (i < n) & (p != pairing.NOT_TURNING)
         lone = t & (p == pairing.UNPAIRED)
-        r = row * most + jnp.where(t, raw & (LAST - 1), 0)
+        r = row * most + jnp.where(t, r, 0)
         # only the words that write read their words, coefficients and sines (the count: the lone ones), so a
         # block's lines where none does are not fetched
         reads = lone if count_only else t
@@ -215,25 +201,14 @@ def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot
         drop_mine = mine_at & ~keep_mine
         drop_theirs = lead & ~keep_theirs
         stats[pid, 3] += jnp.sum(drop_mine.astype(jnp.int32) + drop_theirs.astype(jnp.int32)).astype(stats.dtype)
-        # parked: what the layer's later passes would not turn (every word not turning now, and a word, its partner
-        # and its appended partner at their last turn: one fiber, `_insert_kernel`'s LAST)
-        done = parking & ((i < n) & ~t | t & ((raw & LAST) != 0))
-        park_mine = done & (mine_at & keep_mine | (i < n) & ~t)
-        park_theirs = done & lead & keep_theirs
-        park_spawn = done & keep_spawn
-        stats[pid, 4] += jnp.sum(park_mine.astype(jnp.int32) + park_theirs.astype(jnp.int32)
-                                 + park_spawn.astype(jnp.int32)).astype(stats.dtype)
         dest = jnp.where(keep_spawn, base[b] + jnp.cumsum(keep_spawn.astype(jnp.int32)) - 1, cap)
         mine_i = jnp.where(mine_at, i, sink)
         plgpu.store(coeffs.at[mine_i], mine, mask=mine_at)
         plgpu.store(coeffs.at[q], theirs, mask=lead)
         plgpu.store(coeffs.at[dest], spawn, mask=keep_spawn)
-        one, parked = jnp.ones(i.shape, jnp.uint8), jnp.full(i.shape, PARKED, jnp.uint8)
+        one = jnp.ones(i.shape, jnp.uint8)
         plgpu.store(gone.at[jnp.where(drop_mine, i, sink)], one, mask=drop_mine)
         plgpu.store(gone.at[jnp.where(drop_theirs, q, sink)], one, mask=drop_theirs)
-        plgpu.store(gone.at[jnp.where(park_mine, i, sink)], parked, mask=park_mine)
-        plgpu.store(gone.at[jnp.where(park_theirs, q, sink)], parked, mask=park_theirs)
-        plgpu.store(gone.at[jnp.where(park_spawn, dest, sink)], parked, mask=park_spawn)
         for k in range(2 * lanes):
             plgpu.store(words.at[dest, k], w[k] ^ g[k], mask=keep_spawn)
         if sins_on:
@@ -244,20 +219,11 @@ def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot
     _over_blocks(n, bw, run)
 
 
-def _fits(scal, paired):
+def _fits(n, paired, cap: int):
     """Whether a pass's appended words fit: the live words and every turning one (`_insert_kernel`'s
-    statistics, a row a program) fit below the parked words (scal[5]; a bound: counting the appended words
-    exactly would cost a pass a wait)."""
-    return scal[0] + jnp.sum(paired[:, 0]) <= scal[5]
-
-
-def _parking(scal, paired):
-    """Whether a pass parks the words its layer's later passes would not turn, so that those passes do not read
-    them (on the 2D Ising 8x8, 81% of the words a pass read did not turn): when it fits, a later pass follows (the
-    most passes a word takes, `paired`[:, 1], at least PARK_AHEAD past this one) and there is room above the live
-    words for them (at most every live and appended word: twice the fit's bound)."""
-    bound = scal[0] + jnp.sum(paired[:, 0])
-    return (PARK_AHEAD > 0) & (2 * bound <= scal[5]) & (scal[1] + PARK_AHEAD < jnp.max(paired[:, 1]))
+    statistics, a row a program) fit in the capacity (a bound: counting the appended words exactly would
+    cost a pass a wait)."""
+    return n + jnp.sum(paired[:, 0]) <= cap
 
 
 def limit_arrays(limits: Limits, dtype):
@@ -285,7 +251,7 @@ def _launch(work, scal, paired, base, layers, lims, cfg, count_only: bool):
     first = len(args) - 5
     outs = (work.words, work.coeffs, work.sins, work.gone, work.table)
     out_shape = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
-        jax.ShapeDtypeStruct(grid + (5,), work.coeffs.dtype),)
+        jax.ShapeDtypeStruct(grid + (4,), work.coeffs.dtype),)
     words, coeffs, sins, gone, table, stats = pl.pallas_call(
         kernel, grid=grid, out_shape=out_shape, input_output_aliases={first + k: k for k in range(5)},
         compiler_params=params, interpret=interpret)(*args)
@@ -294,31 +260,25 @@ def _launch(work, scal, paired, base, layers, lims, cfg, count_only: bool):
 
 def _pass_end_kernel(scal, paired, added, mixed, dropped_in, peak_in, compaction, after, live, step, need, most, dropped,
                      peak):
-    """One program: what a pass leaves, from its kernels' statistics: the compaction's scalars (`_compaction`: its
-    live words, what stays of them, the top of the slots the words it parks go below; 0, 0 where nothing is gone
-    or parked), the next pass's scalars (`pass_scalars`: the live and parked words, the capacity below them), the
-    live words, the next pass, slots needed (0: it fitted), the most passes a word of the layer takes, the 1-norm
+    """One program: what a pass leaves, from its kernels' statistics: the compaction's scalars (its live words
+    and what stays of them; both 0 where nothing is gone), the next pass's scalars (`pass_scalars`), the live
+    words, the next pass, slots needed (0: it fitted), the most passes a word of the layer takes, the 1-norm
     each rule dropped (added to dropped_in; nothing where the pass did not fit: it wrote nothing) and the most
-    words (live and parked). Separate outputs, read by the loop as they are: a scalar sliced out of one, or an
-    XLA op between the kernels, is a node of the CUDA graph and a few microseconds a pass."""
-    n, below, held = scal[0], scal[5], scal[7]
-    fits = _fits(scal, paired)
+    live words. Separate outputs, read by the loop as they are: a scalar sliced out of one, or an XLA op
+    between the kernels, is a node of the CUDA graph and a few microseconds a pass."""
+    n = scal[0]
+    fits = _fits(n, paired, scal[5])
     total = n + jnp.where(fits, added[0], 0)
     gone = jnp.where(fits, jnp.sum(mixed[:, 3]).astype(jnp.int32), 0)
-    parks = jnp.where(fits, jnp.sum(mixed[:, 4]).astype(jnp.int32), 0)
-    stays = total - gone - parks
-    short = jnp.where(fits, 0, n + held + jnp.sum(paired[:, 0]))  # every slot, the parked words' too
+    stays = total - gone
+    short = jnp.where(fits, 0, n + jnp.sum(paired[:, 0]))
     stepped = jnp.where(short > 0, scal[1], scal[1] + 1)
-    some = gone + parks > 0
-    compaction[0] = jnp.where(some, total, 0)
-    compaction[1] = jnp.where(some, stays, 0)
-    compaction[2] = below
+    compaction[0] = jnp.where(gone > 0, total, 0)
+    compaction[1] = jnp.where(gone > 0, stays, 0)
     after[0] = stays
     after[1] = stepped
     for k in range(2, after.shape[0]):
         after[k] = scal[k]
-    after[5] = below - parks
-    after[7] = held + parks
     live[0] = stays
     step[0] = stepped
     need[0] = short
@@ -326,25 +286,23 @@ def _pass_end_kernel(scal, paired, added, mixed, dropped_in, peak_in, compaction
     for k in range(dropped.shape[0]):
         lost = jnp.where(fits, jnp.sum(mixed[:, k]), 0).astype(dropped.dtype) if k < 3 else 0
         dropped[k] = dropped_in[k] + lost
-    peak[0] = jnp.maximum(peak_in[0], stays + held + parks)
+    peak[0] = jnp.maximum(peak_in[0], stays)
 
 
 def pass_scalars(n, step, layers, row, capacity: int):
     """The scalars of a layer's pass `step` over n live words, as its kernels read them: (n, step, the unit's row
     of the layer tables, whether its generators each act on one qubit, whether its rotations come in decreasing
-    order, the slots below the parked words (the capacity: none parked yet), whether it has at most FEW
-    rotations, the parked words)."""
-    return _scalars(n, step, row, layers.single[row], layers.down[row], capacity, layers.few[row], 0)
+    order, the capacity, whether it has at most FEW rotations)."""
+    return _scalars(n, step, row, layers.single[row], layers.down[row], capacity, layers.few[row])
 
 
 def rotation_pass(work, scal, layers, lims, dropped, peak, cfg):
     """A layer's pass (tiled.rotation_unit's) by kernels: the pairing (`pair`), the mix (tiled._mix's results:
     the appended words, the rules' drops, the table left empty), what the pass leaves summed by one small
-    kernel, and the compaction (with the parking: the module docstring), so that XLA adds no launches of its own
-    between them (each a graph node of a few microseconds: a pass over a few hundred words is mostly such
-    nodes). scal: `pass_scalars`; lims: `limit_arrays` of the unit's rules. Returns (work, the next pass's
-    scalars, live words, the next pass, slots needed (0: it fitted), the most passes a word of the layer takes,
-    dropped (5,), peak). The words it parks lie above the live ones until `unpark` (the unit's end)."""
+    kernel, and the compaction, so that XLA adds no launches of its own between them (each a graph node of a
+    few microseconds: a pass over a few hundred words is mostly such nodes). scal: `pass_scalars`; lims:
+    `limit_arrays` of the unit's rules. Returns (work, the next pass's scalars, live words, the next pass,
+    slots needed (0: it fitted), the most passes a word of the layer takes, dropped (5,), peak)."""
     work, paired = pair(work, scal, layers, cfg)
     counts = _launch(work, scal, paired, scal, layers, lims, cfg, count_only=True)  # (reads no offsets)
     base, added = offsets(counts, scal, cfg, start_at=0)
@@ -353,7 +311,7 @@ def rotation_pass(work, scal, layers, lims, dropped, peak, cfg):
     one = jax.ShapeDtypeStruct((1,), jnp.int32)
     compaction, after, live, step, need, most, dropped, peak = pl.pallas_call(
         _pass_end_kernel, grid=(1,), interpret=interpret, compiler_params=params,
-        out_shape=(jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct(scal.shape, jnp.int32), one, one, one,
+        out_shape=(jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct(scal.shape, jnp.int32), one, one, one,
                    one, jax.ShapeDtypeStruct(dropped.shape, dropped.dtype), one))(
         scal, paired, added, mixed, dropped, peak.reshape(1))
     work = _compaction(work, compaction, cfg)
@@ -521,7 +479,7 @@ def _insert_kernel(scal, gx, gz, fold, rotation_at, low, gens, words, partner_in
         home = (pairing.hash_lanes(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
         marker = jnp.where(turning, jnp.where(is_canonical, pairing.UNPAIRED, pairing.LOOKUP), pairing.NOT_TURNING)
         partner[i] = marker
-        rot[i] = r | jnp.where(turning & (passes <= step + 1), LAST, 0)  # its last turn in the layer
+        rot[i] = r
         slot[i] = home
         stats[pid, 0] += jnp.sum(turning.astype(jnp.int32))
         stats[pid, 1] = jnp.maximum(stats[pid, 1], jnp.max(jnp.where(valid, passes, 0)))
@@ -568,7 +526,7 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
     def run(_, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         look = (i < n) & (partner[i] == pairing.LOOKUP)
-        r = row * 32 * lanes + jnp.where(look, rot[i] & (LAST - 1), 0)
+        r = row * 32 * lanes + jnp.where(look, rot[i], 0)
         target = [plgpu.load(words.at[i, k], mask=look, other=0) ^ gens[r, k] for k in range(2 * lanes)]
 
         def step(c):
@@ -592,8 +550,8 @@ def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, 
 
 def pair(work, scal, layers, cfg):
     """pairing.pair by kernels, for the pass of `scal` (`rotation_pass`): work with partner, rot filled as
-    pairing.pair fills them (rot with the flag LAST at a word's last turn in the layer; `slot` holds each word's
-    home instead of its claim, and the table its pairs' canonical members until the mix clears it), and each program's (turning words, most passes any word
+    pairing.pair fills them (`slot` holds each word's home instead of its claim, and the table its pairs'
+    canonical members until the mix clears it), and each program's (turning words, most passes any word
     takes). Two launches: the turning words and the inserts, then (every insert done) the lookups. layers:
     tiled.Layer tables with a leading unit axis (every unit's, tiled.layers_of, or one unit's), of which the
     layer's are row scal[2]."""
@@ -620,66 +578,46 @@ def pair(work, scal, layers, cfg):
 # ---- the compaction -----------------------------------------------------------------------------------
 
 def _hole_count_kernel(scal, gone, counts, *, bw: int):
-    """counts[b] = (the removed words of block b below m: holes; the staying words from m on: fillers; its parked
-    words below m; its parked words from m on). scal = (n, m, park_at)."""
+    """counts[b] = (the gone words of block b below m: holes; the staying words from m on: fillers).
+    scal = (n, m)."""
     n, m = scal[0], scal[1]
 
     def run(b, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
-        g = gone[i]
-        out, parked = g != 0, (i < n) & (g == PARKED)
-        counts[b, 0] = jnp.sum(((i < m) & out).astype(jnp.int32))
-        counts[b, 1] = jnp.sum(((i >= m) & (i < n) & ~out).astype(jnp.int32))
-        counts[b, 2] = jnp.sum((parked & (i < m)).astype(jnp.int32))
-        counts[b, 3] = jnp.sum((parked & (i >= m)).astype(jnp.int32))
+        g = gone[i] != 0
+        counts[b, 0] = jnp.sum(((i < m) & g).astype(jnp.int32))
+        counts[b, 1] = jnp.sum(((i >= m) & (i < n) & ~g).astype(jnp.int32))
 
     _over_blocks(n, bw, run)
 
 
-def _park(scal, before, parks, i, words, coeffs, sins, *, lanes: int, sins_on: bool):
-    """The parked words `parks` of a block to their slots below scal[2] (the top of the slots of the words parked
-    before): the r-th of the pass's parked words (those below m in block order, then those from m on) to
-    scal[2] - 1 - r, `before` the parked words ahead of the block's."""
-    rank = before + jnp.cumsum(parks.astype(jnp.int32)) - 1
-    d = jnp.where(parks, scal[2] - 1 - rank, coeffs.shape[0])
-    for j in range(2 * lanes):
-        plgpu.store(words.at[d, j], plgpu.load(words.at[i, j], mask=parks, other=0), mask=parks)
-    plgpu.store(coeffs.at[d], plgpu.load(coeffs.at[i], mask=parks, other=0), mask=parks)
-    if sins_on:
-        plgpu.store(sins.at[d], plgpu.load(sins.at[i], mask=parks, other=0), mask=parks)
-
-
-def _holes_kernel(scal, base, gone_in, holes_in, words_in, coeffs_in, sins_in, gone, holes, words, coeffs, sins, *,
-                  lanes: int, bw: int, sins_on: bool):
-    """The slots of the holes (removed words below m), in order: holes[r] is the slot of the r-th; the parked ones
-    copied up (`_park`); their gone flags cleared. scal = (n, m, park_at)."""
-    del gone_in, holes_in, words_in, coeffs_in, sins_in
+def _holes_kernel(scal, base, gone_in, holes_in, gone, holes, *, bw: int):
+    """The slots of the holes (gone words below m), in order: holes[r] is the slot of the r-th; their gone
+    flags cleared. scal = (n, m)."""
+    del gone_in, holes_in
     m = scal[1]
 
     def run(b, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
-        g = gone[i]
-        hole = (i < m) & (g != 0)
+        hole = (i < m) & (gone[i] != 0)
         rank = jnp.where(hole, base[b, 0] + jnp.cumsum(hole.astype(jnp.int32)) - 1, holes.shape[0])
         plgpu.store(holes.at[rank], i, mask=hole)
-        _park(scal, base[b, 2], hole & (g == PARKED), i, words, coeffs, sins, lanes=lanes, sins_on=sins_on)
         plgpu.store(gone.at[jnp.where(hole, i, gone.shape[0])], jnp.zeros(i.shape, jnp.uint8), mask=hole)
 
     _over_blocks(m, bw, run)
 
 
-def _fill_kernel(scal, base, low, holes, gone_in, words_in, coeffs_in, sins_in, gone, words, coeffs, sins, *,
-                 lanes: int, bw: int, sins_on: bool):
-    """The r-th filler (staying word from m on) to the r-th hole, the parked words from m on copied up (`_park`,
-    after the `low` ones below m); the gone flags from m on cleared. scal = (n, m, park_at)."""
+def _fill_kernel(scal, base, holes, gone_in, words_in, coeffs_in, sins_in, gone, words, coeffs, sins, *, lanes: int,
+                 bw: int, sins_on: bool):
+    """The r-th filler (staying word from m on) to the r-th hole; the gone flags from m on cleared.
+    scal = (n, m)."""
     del gone_in, words_in, coeffs_in, sins_in
     n, m, cap = scal[0], scal[1], words.shape[0]
 
     def run(b, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         tail = (i >= m) & (i < n)
-        g = gone[i]
-        fill = tail & (g == 0)
+        fill = tail & (gone[i] == 0)
         rank = base[b, 1] + jnp.cumsum(fill.astype(jnp.int32)) - 1
         d = jnp.where(fill, plgpu.load(holes.at[jnp.where(fill, rank, 0)], mask=fill, other=0), cap)
         for j in range(2 * lanes):
@@ -687,7 +625,6 @@ def _fill_kernel(scal, base, low, holes, gone_in, words_in, coeffs_in, sins_in, 
         plgpu.store(coeffs.at[d], coeffs[i], mask=fill)
         if sins_on:
             plgpu.store(sins.at[d], sins[i], mask=fill)
-        _park(scal, low[2] + base[b, 3], tail & (g == PARKED), i, words, coeffs, sins, lanes=lanes, sins_on=sins_on)
         plgpu.store(gone.at[jnp.where(tail, i, cap)], jnp.zeros(i.shape, jnp.uint8), mask=tail)
 
     _over_blocks(n, bw, run, start=m // bw)
@@ -695,77 +632,37 @@ def _fill_kernel(scal, base, low, holes, gone_in, words_in, coeffs_in, sins_in, 
 
 @partial(jax.jit, static_argnames="cfg")  # its two callers (a pass, a unit's end) trace and lower it once: one copy
 def _compaction(work, scal, cfg):                     # of its kernels for XLA to compile
-    """Remove the gone words of [0, n) and clear `gone`, scal = (n, m = n less the gone words, park_at; n, m both
-    0 where none is gone: no launch then has a block to do). Not in order: the staying words past the new end m
-    fill the holes below it, the r-th of them the r-th hole, so only those words move (where the ordered
-    compaction moved every word past the first hole twice, through staging buffers: one H200, 8x8 Ising,
-    2026-11-28, 70 us of a pass). The words flagged PARKED go below park_at (`_park`: above every live word).
-    Four launches: the holes, fillers and parked words of each block, their offsets, the holes' slots in order
-    (into `partner`, free after the mix), the fillers moved. Launched whether or not a word is gone: a loop
-    around them costs a pass its test where they return at once."""
+    """Remove the gone words of [0, n) and clear `gone`, scal = (n, m = n less the gone words; both 0 where
+    none is gone: no launch then has a block to do). Not in order: the staying words past the new end m fill the
+    holes below it, the r-th of them the r-th hole, so only those words move (where the ordered compaction
+    moved every word past the first hole twice, through staging buffers: one H200, 8x8 Ising, 2026-11-28, 70
+    us of a pass). Four launches: the holes and fillers of each block, their offsets, the holes' slots in
+    order (into `partner`, free after the mix), the fillers moved. Launched whether or not a word is gone:
+    a loop around them costs a pass its test where they return at once."""
     bw = block(cfg.tile)
     lanes = work.words.shape[1] // 2
     cap = work.coeffs.shape[0]
-    sins_on = cfg.rules[3]
     interpret, params = _mode(cfg)
     call = partial(pl.pallas_call, grid=(programs(cfg),), compiler_params=params, interpret=interpret)
     counts = call(partial(_hole_count_kernel, bw=bw),
-                  out_shape=jax.ShapeDtypeStruct((cap // bw, 4), jnp.int32))(scal, work.gone)
-    base, total = offsets(counts, scal, cfg)
-    outs = (work.gone, work.partner, work.words, work.coeffs, work.sins)
-    gone, holes, words, coeffs, sins = call(
-        partial(_holes_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
-        out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs),
-        input_output_aliases={2 + k: k for k in range(5)})(scal, base, *outs)
-    outs = (gone, words, coeffs, sins)
+                  out_shape=jax.ShapeDtypeStruct((cap // bw, 2), jnp.int32))(scal, work.gone)
+    base, _ = offsets(counts, scal, cfg)
+    gone, holes = call(partial(_holes_kernel, bw=bw),
+                       out_shape=(jax.ShapeDtypeStruct(work.gone.shape, work.gone.dtype),
+                                  jax.ShapeDtypeStruct(work.partner.shape, work.partner.dtype)),
+                       input_output_aliases={2: 0, 3: 1})(scal, base, work.gone, work.partner)
+    outs = (gone, work.words, work.coeffs, work.sins)
     gone, words, coeffs, sins = call(
-        partial(_fill_kernel, lanes=lanes, bw=bw, sins_on=sins_on),
+        partial(_fill_kernel, lanes=lanes, bw=bw, sins_on=cfg.rules[3]),
         out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs),
-        input_output_aliases={4 + k: k for k in range(4)})(scal, base, total, holes, *outs)
+        input_output_aliases={3 + k: k for k in range(4)})(scal, base, holes, *outs)
     return work._replace(gone=gone, words=words, coeffs=coeffs, sins=sins, partner=holes)
 
 
 def compact(work, n, cfg, gone_count):
     """tiled.compact by kernels (`_compaction`): (work, the new n = n - gone_count)."""
     some = gone_count > 0
-    return _compaction(work, _scalars(jnp.where(some, n, 0), jnp.where(some, n - gone_count, 0), work.coeffs.shape[0]),
-                       cfg), n - gone_count
-
-
-def _unpark_kernel(scal, words_in, coeffs_in, sins_in, words, coeffs, sins, *, lanes: int, bw: int, sins_on: bool):
-    """The top scal[1] words of the buffers to the slots from scal[0] on (the j-th from the top to scal[0] + j)."""
-    del words_in, coeffs_in, sins_in
-    n, count, cap = scal[0], scal[1], words.shape[0]
-
-    def run(_, first):
-        j = first + jnp.arange(bw, dtype=jnp.int32)
-        move = j < count
-        src, dst = jnp.where(move, cap - 1 - j, 0), jnp.where(move, n + j, cap)
-        for k in range(2 * lanes):
-            plgpu.store(words.at[dst, k], plgpu.load(words.at[src, k], mask=move, other=0), mask=move)
-        plgpu.store(coeffs.at[dst], plgpu.load(coeffs.at[src], mask=move, other=0), mask=move)
-        if sins_on:
-            plgpu.store(sins.at[dst], plgpu.load(sins.at[src], mask=move, other=0), mask=move)
-
-    _over_blocks(count, bw, run)
-
-
-def unpark(work, n, scal, cfg):
-    """The words a layer's passes parked (`rotation_pass`; scal[7] of them, below the capacity) back behind its n
-    live words: (work, the live words). Only those that lie past the new end move (a parked word already
-    below it stays), so no word moves onto one still to move."""
-    cap = work.coeffs.shape[0]
-    held = scal[7]
-    count = jnp.minimum(held, cap - held - n)  # the gap between the live and the parked words, or all of them
-    interpret, params = _mode(cfg)
-    lanes = work.words.shape[1] // 2
-    outs = (work.words, work.coeffs, work.sins)
-    words, coeffs, sins = pl.pallas_call(
-        partial(_unpark_kernel, lanes=lanes, bw=block(cfg.tile), sins_on=cfg.rules[3]), grid=(programs(cfg),),
-        compiler_params=params, interpret=interpret,
-        out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs),
-        input_output_aliases={1 + k: k for k in range(3)})(_scalars(n, count), *outs)
-    return work._replace(words=words, coeffs=coeffs, sins=sins), n + held
+    return _compaction(work, _scalars(jnp.where(some, n, 0), jnp.where(some, n - gone_count, 0)), cfg), n - gone_count
 
 
 # ---- a Clifford run, gate by gate -----------------------------------------------------------------------

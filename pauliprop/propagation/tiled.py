@@ -22,8 +22,7 @@ word of weight w anticommutes with at most w of a layer's rotations, so a layer 
 under max_weight 8 is at most 8 passes.
 
 On GPUs (Config.fused) the pairing, the mix and the compaction of a pass are Pallas kernels
-(fused.py), a few launches a pass, and the words past their last turn in a layer wait above the live ones
-until the layer ends, so that its later passes do not read them; the answer is the same.
+(fused.py), a few launches a pass; the answer is the same.
 
 A unit whose appended words would not fit stops the loop before it writes anything (`need` > 0,
 with the unit and pass to resume at): the caller raises a MemoryError or grows the buffers.
@@ -58,7 +57,7 @@ class Work(NamedTuple):
     coeffs: jax.Array  # (C,)
     sins: jax.Array  # (C,) int32: the sine branches of each path (max_sins)
     gone: jax.Array  # (C,) uint8: 1 where dropped by the current unit, compacted at its end; all 0 between units
-    #                  (bytes, not bools: the GPU's kernels (fused.py) store them, and flag words to park with 2)
+    #                  (bytes, not bools: the GPU's kernels (fused.py) store them)
     partner: jax.Array  # (C,) int32: a pass's pairing (pairing.py)
     rot: jax.Array  # (C,) int32: the rotation each word turns by in the pass
     slot: jax.Array  # (C,) int32: a pass's table slot of each word that claimed one (fused: its pair's home, or ~ the
@@ -456,9 +455,7 @@ def rotation_unit(st: State, u, T, params, limits: Limits, cfg: Config, active, 
     if cfg.fused:
         lims = fused.limit_arrays(rules, st.work.coeffs.dtype)  # made once a unit
         scal = fused.pass_scalars(st.n, st.step, layers, row, st.work.coeffs.shape[0])
-        st, _, scal = lax.while_loop(cond, kernel_pass, (st, passes, scal))
-        work, n = fused.unpark(st.work, st.n, scal, cfg)  # the words the passes parked, back among the live ones
-        st = st._replace(work=work, n=n)
+        st, _, _ = lax.while_loop(cond, kernel_pass, (st, passes, scal))
     else:
         st, _ = lax.while_loop(cond, one_pass, (st, passes))
     return st._replace(step=jnp.where(st.need > 0, st.step, 0))
