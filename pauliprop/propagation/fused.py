@@ -65,7 +65,6 @@ FEW_LANES = 2  # ... on words of at most this many lanes: that code is unrolled 
 #                Ising's insert kernel, 4 lanes, 122 kB of PTX with it against 90 kB; its layers are of one-qubit
 #                rotations, which never take it)
 INTERPRET_PROGRAMS = 2  # the interpreter's (tests: fewer than the blocks, so that programs take several)
-KEPT = 1 << 16  # Work.rot's flag of a canonical word whose appended partner the rules keep, were it alone
 
 
 def block(tile: int) -> int:
@@ -104,18 +103,6 @@ def _dropped(limits: Limits, coeffs, weights, sins, candidate):
             tuple(None if rule is None else jnp.where(candidate & d, mag, 0) for rule, d in zip(on, drops)))
 
 
-def _spawn(limits: Limits, w, g, c, s, sn, lone, lanes: int):
-    """(sgn, the appended partner's coefficient sin(a) sgn c, its weight, whether the rules keep it, the magnitude
-    each rule drops) of words w (2W lanes) turning alone by generators g: i G P = sgn (P xor G). One formula for
-    the pairing's count of the appended words and the mix that writes them, so that both agree to the bit."""
-    x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
-    sgn = _product_sign(x, z, gx, gz).astype(c.dtype)
-    spawn = sn * sgn * c
-    weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
-    keep, lost = _dropped(limits, spawn, weight_q, s + 1, lone)
-    return sgn, spawn, weight_q, keep, lost
-
-
 def programs(cfg) -> int:
     """The programs of a pass's launches: PROGRAMS_PER_CORE a streaming multiprocessor of the GPU (the
     interpreter: INTERPRET_PROGRAMS), at most one a block of the buffers."""
@@ -144,19 +131,24 @@ def _over_blocks(n, bw: int, block_body, start=0):
 
 
 def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot, words_in, coeffs_in, sins_in, gone_in,
-            table_in, words, coeffs, sins, gone, table, stats, *, lanes: int, bw: int, rules: tuple, sins_on: bool):
-    """The mix, one program: its blocks of the live words (`_over_blocks`), block b's appended words from base[b]
-    on, and stats[pid] = (the 1-norm each rule dropped, words marked gone). scal: the pass's (`rotation_pass`);
-    paired: the pairing's statistics (every program's turning words: whether the pass fits)."""
-    del words_in, coeffs_in, sins_in, gone_in
-    words_in, coeffs_in, sins_in = words, coeffs, sins  # the same buffers (aliased)
+            table_in, *outs, lanes: int, bw: int, rules: tuple, sins_on: bool, count_only: bool):
+    """One program: its blocks of the live words (`_over_blocks`). scal: the pass's (`rotation_pass`);
+    paired: the pairing's statistics (every program's turning words: whether the pass fits).
+    count_only: the appended words the block keeps, into counts[b]; else the mix, with block b's appended
+    words from base[b] on, and stats[pid] = (the 1-norm each rule dropped, words marked gone)."""
+    if count_only:
+        (counts,) = outs
+    else:
+        words, coeffs, sins, gone, table, stats = outs
+        words_in, coeffs_in, sins_in = words, coeffs, sins  # the same buffers (aliased)
     pid = pl.program_id(0)
     cap = coeffs_in.shape[0]
     n, row = scal[0], scal[2]
     fits = _fits(n, paired, cap)
     most = 32 * lanes  # rows of a unit's layer tables
-    for k in range(4):
-        stats[pid, k] = jnp.zeros((), stats.dtype)
+    if not count_only:
+        for k in range(4):
+            stats[pid, k] = jnp.zeros((), stats.dtype)
 
     def run(b, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
@@ -165,18 +157,25 @@ def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot
         p, r = partner[i], rot[i]
         t = (i < n) & (p != pairing.NOT_TURNING)
         lone = t & (p == pairing.UNPAIRED)
-        r = row * most + jnp.where(t, r & (KEPT - 1), 0)
-        # only the turning words read their words, coefficients and sines, so a block's lines where none turns are
-        # not fetched
-        w = [plgpu.load(words_in.at[i, k], mask=t, other=0) for k in range(2 * lanes)]
+        r = row * most + jnp.where(t, r, 0)
+        # only the words that write read their words, coefficients and sines (the count: the lone ones), so a
+        # block's lines where none does are not fetched
+        reads = lone if count_only else t
+        w = [plgpu.load(words_in.at[i, k], mask=reads, other=0) for k in range(2 * lanes)]
         g = [gens[r, k] for k in range(2 * lanes)]
-        x, z = w[:lanes], w[lanes:]
-        c = plgpu.load(coeffs_in.at[i], mask=t, other=0)
+        x, z, gx, gz = w[:lanes], w[lanes:], g[:lanes], g[lanes:]
+        c = plgpu.load(coeffs_in.at[i], mask=reads, other=0)
         dtype = c.dtype
-        s = plgpu.load(sins_in.at[i], mask=t, other=0)
+        sgn = _product_sign(x, z, gx, gz).astype(dtype)  # i G P = sgn (P xor G)
+        s = plgpu.load(sins_in.at[i], mask=reads, other=0)
         weight_p = sum(_popcount(x[k] | z[k]) for k in range(lanes))
+        weight_q = sum(_popcount((x[k] ^ gx[k]) | (z[k] ^ gz[k])) for k in range(lanes))
         cs, sn = cos[r].astype(dtype), sin[r].astype(dtype)
-        sgn, spawn, weight_q, keep_spawn, lost_spawn = _spawn(limits, w, g, c, s, sn, lone, lanes)
+        spawn = sn * sgn * c
+        keep_spawn, lost_spawn = _dropped(limits, spawn, weight_q, s + 1, lone)
+        if count_only:
+            counts[b] = jnp.sum(keep_spawn.astype(jnp.int32))
+            return
         # the table cleared whether the pass fits or not: each slot the pass took (`_insert_kernel`'s ~slot), where
         # clearing its whole part wrote 2 LOAD slots a word
         taken = slot[i]
@@ -235,15 +234,20 @@ def limit_arrays(limits: Limits, dtype):
     return lim_i, lim_f
 
 
-def _mix(work, scal, paired, base, layers, lims, cfg):
+def _launch(work, scal, paired, base, layers, lims, cfg, count_only: bool):
     lanes = work.words.shape[1] // 2
     bw = block(cfg.tile)
     grid = (programs(cfg),)
-    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules[3])
+    cap = work.coeffs.shape[0]
+    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules[3],
+                     count_only=count_only)
     gens, cos, sin = _flat(layers.gens), _flat(layers.cos), _flat(layers.sin)
     args = (scal, paired, *lims, gens, cos, sin, base, work.partner, work.rot, work.slot, work.words, work.coeffs,
             work.sins, work.gone, work.table)
     interpret, params = _mode(cfg)
+    if count_only:
+        return pl.pallas_call(kernel, grid=grid, out_shape=jax.ShapeDtypeStruct((cap // bw,), jnp.int32),
+                              compiler_params=params, interpret=interpret)(*args)
     first = len(args) - 5
     outs = (work.words, work.coeffs, work.sins, work.gone, work.table)
     out_shape = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
@@ -299,9 +303,10 @@ def rotation_pass(work, scal, layers, lims, dropped, peak, cfg):
     few microseconds: a pass over a few hundred words is mostly such nodes). scal: `pass_scalars`; lims:
     `limit_arrays` of the unit's rules. Returns (work, the next pass's scalars, live words, the next pass,
     slots needed (0: it fitted), the most passes a word of the layer takes, dropped (5,), peak)."""
-    work, paired, counts = pair(work, scal, layers, lims, cfg)
+    work, paired = pair(work, scal, layers, cfg)
+    counts = _launch(work, scal, paired, scal, layers, lims, cfg, count_only=True)  # (reads no offsets)
     base, added = offsets(counts, scal, cfg, start_at=0)
-    work, mixed = _mix(work, scal, paired, base, layers, lims, cfg)
+    work, mixed = _launch(work, scal, paired, base, layers, lims, cfg, count_only=False)
     interpret, params = _mode(cfg)
     one = jax.ShapeDtypeStruct((1,), jnp.int32)
     compaction, after, live, step, need, most, dropped, peak = pl.pallas_call(
@@ -392,8 +397,8 @@ def _nth_set_bit(rows, j):
 
 
 def _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, low, gens, lanes: int):
-    """tiled.turning_at and the canonical member of each pair on lanes: (turning, rotation, passes, canonical, canonical
-    lanes, generator lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: every unit's layer tables
+    """tiled.turning_at and the canonical member of each pair on lanes: (turning, rotation, partner lanes, passes, canonical,
+    canonical lanes). w: 2W lanes of (bw,) uint32; gx, gz, fold, rotation_at, gens: every unit's layer tables
     (flat: `_flat`), of which the unit's are row `row`; the rotation returned is the unit's own index."""
     x, z = w[:lanes], w[lanes:]
     most = 32 * lanes
@@ -445,28 +450,18 @@ def _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, 
         found = found | here
     partners = [w[k] ^ g[k] for k in range(2 * lanes)]
     canon = [jnp.where(up, partners[k], w[k]) for k in range(2 * lanes)]
-    return turning, rot, passes, ~up, canon, g
+    return turning, rot, passes, ~up, canon
 
 
-def _kept(limits: Limits, w, g, lone, i, coeffs, sins, sin, r, lanes: int, rules: tuple):
-    """Whether the rules keep the appended partner of each word `lone` marks (the mix's `_spawn`, to the bit); reads
-    their coefficients (and sines where that rule is on) alone."""
-    c = plgpu.load(coeffs.at[i], mask=lone, other=0)
-    s = plgpu.load(sins.at[i], mask=lone, other=0) if rules[3] else jnp.zeros(i.shape, jnp.int32)
-    return _spawn(limits, w, g, c, s, sin[r].astype(c.dtype), lone, lanes)[3]
-
-
-def _insert_kernel(scal, lim_i, lim_f, gx, gz, fold, rotation_at, low, gens, sin, words, coeffs, sins, partner_in, rot_in,
-                   slot_in, table_in, partner, rot, slot, table, counts, stats, *, lanes: int, bw: int, interpret: bool,
-                   rules: tuple):
+def _insert_kernel(scal, gx, gz, fold, rotation_at, low, gens, words, partner_in, rot_in, slot_in, table_in, partner, rot,
+                   slot, table, stats, *, lanes: int, bw: int, interpret: bool):
     """A pass's pairing, first half: each word of the program's block finds whether it turns in this pass
     and by which rotation (tiled.turning_at), its pair's home (its canonical member's hash), and is marked UNPAIRED
     (canonical), LOOKUP or NOT_TURNING; the canonical members go into the table from their homes on by
     linear probing: a word swaps itself into a slot and carries on with what it displaced, until it
     displaces nothing (slots never empty again, so every member stays reachable from its home). `slot`: each
     word's home, but ~s for a canonical member whose chain of exchanges filled the empty slot s (one slot each:
-    together the slots the pass took, which the mix clears). counts[b]: the canonical members of block b whose
-    appended partner the rules keep were they alone (each flagged KEPT in `rot`), which the lookups correct.
+    together the slots the pass took, which the mix clears).
     scal: the pass's (`rotation_pass`); stats[pid] = (turning words, most passes), over the program's blocks."""
     del partner_in, rot_in, slot_in, table_in
     pid = pl.program_id(0)
@@ -474,24 +469,21 @@ def _insert_kernel(scal, lim_i, lim_f, gx, gz, fold, rotation_at, low, gens, sin
     mask = pairing.table_mask(n, table.shape[0]).astype(jnp.int32)
     stats[pid, 0] = jnp.int32(0)
     stats[pid, 1] = jnp.int32(0)
-    limits = _rules(rules, lim_i, lim_f)
 
-    def run(b, first):
+    def run(_, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         valid = i < n
         w = [words[i, k] for k in range(2 * lanes)]
-        turning, r, passes, is_canonical, canon, g = _turning(w, valid, step, single, few, down, row, gx, gz, fold,
-                                                              rotation_at, low, gens, lanes)
+        turning, r, passes, is_canonical, canon = _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, low,
+                                                             gens, lanes)
         home = (pairing.hash_lanes(canon) & mask.astype(jnp.uint32)).astype(jnp.int32)
         marker = jnp.where(turning, jnp.where(is_canonical, pairing.UNPAIRED, pairing.LOOKUP), pairing.NOT_TURNING)
-        inserting = turning & is_canonical
-        keep = _kept(limits, w, g, inserting, i, coeffs, sins, sin, row * 32 * lanes + r, lanes, rules)
-        counts[b] = jnp.sum(keep.astype(jnp.int32), dtype=jnp.int32)
         partner[i] = marker
-        rot[i] = r | jnp.where(keep, KEPT, 0)
+        rot[i] = r
         slot[i] = home
         stats[pid, 0] += jnp.sum(turning.astype(jnp.int32))
         stats[pid, 1] = jnp.maximum(stats[pid, 1], jnp.max(jnp.where(valid, passes, 0)))
+        inserting = turning & is_canonical
         if interpret:  # one lane after the other: the GPU's exchanges in one of their orders
             def lane(j, _):
                 k = first + j
@@ -523,25 +515,19 @@ def _insert_kernel(scal, lim_i, lim_f, gx, gz, fold, rotation_at, low, gens, sin
     _over_blocks(n, bw, run)
 
 
-def _lookup_kernel(scal, lim_i, lim_f, gens, sin, rot, slot, words, coeffs, sins, table, partner_in, counts_in, partner,
-                   counts, *, lanes: int, bw: int, interpret: bool, rules: tuple):
+def _lookup_kernel(scal, gens, rot, slot, words, table, partner_in, partner, *, lanes: int, bw: int):
     """Each LOOKUP word of the program finds its partner (P xor G, a canonical member) along the partner's
-    probe sequence, up to an empty slot; both then hold each other's slot, else it is UNPAIRED. counts (the
-    insert's) become the appended words each block keeps: a found member flagged KEPT is taken off its block's
-    count, a LOOKUP word left alone whose appended partner the rules keep is added to its own.
+    probe sequence, up to an empty slot; both then hold each other's slot, else it is UNPAIRED.
     scal: the pass's (`rotation_pass`)."""
-    del partner_in, counts_in
+    del partner_in
     n, row, cap = scal[0], scal[2], partner.shape[0]
     mask = pairing.table_mask(n, table.shape[0]).astype(jnp.int32)
-    limits = _rules(rules, lim_i, lim_f)
 
-    def run(b, first):
+    def run(_, first):
         i = first + jnp.arange(bw, dtype=jnp.int32)
         look = (i < n) & (partner[i] == pairing.LOOKUP)
-        r = row * 32 * lanes + jnp.where(look, rot[i] & (KEPT - 1), 0)
-        w = [plgpu.load(words.at[i, k], mask=look, other=0) for k in range(2 * lanes)]
-        g = [gens[r, k] for k in range(2 * lanes)]
-        target = [w[k] ^ g[k] for k in range(2 * lanes)]
+        r = row * 32 * lanes + jnp.where(look, rot[i], 0)
+        target = [plgpu.load(words.at[i, k], mask=look, other=0) ^ gens[r, k] for k in range(2 * lanes)]
 
         def step(c):
             active, s, found = c
@@ -558,55 +544,35 @@ def _lookup_kernel(scal, lim_i, lim_f, gens, sin, rot, slot, words, coeffs, sins
         plgpu.store(partner.at[jnp.where(look, i, cap)], found, mask=look)
         paired = found >= 0
         plgpu.store(partner.at[jnp.where(paired, found, cap)], i, mask=paired)
-        at = jnp.where(paired, found, 0)
-        taken = paired & ((plgpu.load(rot.at[at], mask=paired, other=0) & KEPT) != 0)  # a kept member no longer alone
-        lone = look & ~paired
-        added = jnp.sum(_kept(limits, w, g, lone, i, coeffs, sins, sin, r, lanes, rules).astype(jnp.int32), dtype=jnp.int32)
-        if interpret:  # programs one after the other; a lane at a time (the interpreter's scatters keep one write)
-            counts[b] += added
-
-            def lane(j, _):
-                k = at[j] // bw
-                counts[k] = counts[k] - taken[j].astype(jnp.int32)
-                return 0
-
-            lax.fori_loop(0, bw, lane, 0)
-            return
-        plgpu.atomic_add(counts, (b,), added)
-        plgpu.atomic_add(counts, (at // bw,), jnp.full(i.shape, -1, jnp.int32), mask=taken)
 
     _over_blocks(n, bw, run)
 
 
-def pair(work, scal, layers, lims, cfg):
+def pair(work, scal, layers, cfg):
     """pairing.pair by kernels, for the pass of `scal` (`rotation_pass`): work with partner, rot filled as
-    pairing.pair fills them (rot with the flag KEPT; `slot` holds each word's home instead of its claim, and the
-    table its pairs' canonical members until the mix clears it), each program's (turning words, most passes any
-    word takes), and the appended words each block keeps (the mix's offsets: where a launch of its own counted
-    them, a few microseconds of every pass). Two launches: the turning words and the inserts, then (every insert
-    done) the lookups. layers: tiled.Layer tables with a leading unit axis (every unit's, tiled.layers_of, or one
-    unit's), of which the layer's are row scal[2]; lims: `limit_arrays` of the unit's rules."""
+    pairing.pair fills them (`slot` holds each word's home instead of its claim, and the table its pairs'
+    canonical members until the mix clears it), and each program's (turning words, most passes any word
+    takes). Two launches: the turning words and the inserts, then (every insert done) the lookups. layers:
+    tiled.Layer tables with a leading unit axis (every unit's, tiled.layers_of, or one unit's), of which the
+    layer's are row scal[2]."""
     bw = block(cfg.tile)
     grid = (programs(cfg),)
     interpret, params = _mode(cfg)
     lanes = work.words.shape[1] // 2
     (fold,) = layers.fold
-    gens, sin = _flat(layers.gens), _flat(layers.sin)
     outs = (work.partner, work.rot, work.slot, work.table)
-    blocks = jax.ShapeDtypeStruct((work.coeffs.shape[0] // bw,), jnp.int32)
-    partner, rot, slot, table, counts, stats = pl.pallas_call(
-        partial(_insert_kernel, lanes=lanes, bw=bw, interpret=interpret, rules=cfg.rules), grid=grid,
+    partner, rot, slot, table, stats = pl.pallas_call(
+        partial(_insert_kernel, lanes=lanes, bw=bw, interpret=interpret), grid=grid,
         out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs) + (
-            blocks, jax.ShapeDtypeStruct(grid + (2,), jnp.int32)),
-        input_output_aliases={13 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
-        scal, *lims, _flat(layers.gx), _flat(layers.gz), _flat(fold), _flat(layers.rotation_at), _flat(layers.low),
-        gens, sin, work.words, work.coeffs, work.sins, *outs)
-    partner, counts = pl.pallas_call(
-        partial(_lookup_kernel, lanes=lanes, bw=bw, interpret=interpret, rules=cfg.rules), grid=grid,
-        out_shape=(jax.ShapeDtypeStruct(partner.shape, partner.dtype), blocks),
-        input_output_aliases={11: 0, 12: 1}, compiler_params=params, interpret=interpret)(
-        scal, *lims, gens, sin, rot, slot, work.words, work.coeffs, work.sins, table, partner, counts)
-    return work._replace(partner=partner, rot=rot, slot=slot, table=table), stats, counts
+            jax.ShapeDtypeStruct(grid + (2,), jnp.int32),),
+        input_output_aliases={8 + k: k for k in range(4)}, compiler_params=params, interpret=interpret)(
+        scal, _flat(layers.gx), _flat(layers.gz), _flat(fold),
+        _flat(layers.rotation_at), _flat(layers.low), _flat(layers.gens), work.words, *outs)
+    partner = pl.pallas_call(partial(_lookup_kernel, lanes=lanes, bw=bw), grid=grid,
+                             out_shape=jax.ShapeDtypeStruct(partner.shape, partner.dtype),
+                             input_output_aliases={6: 0}, compiler_params=params, interpret=interpret)(
+        scal, _flat(layers.gens), rot, slot, work.words, table, partner)
+    return work._replace(partner=partner, rot=rot, slot=slot, table=table), stats
 
 
 # ---- the compaction -----------------------------------------------------------------------------------
