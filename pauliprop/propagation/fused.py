@@ -321,22 +321,19 @@ def rotation_pass(work, scal, layers, lims, dropped, peak, cfg):
 def _offsets_kernel(scal, counts, base, total, *, bw: int, start_at):
     """One program: base[b] = start + the counts before block b, for the blocks of the first scal[0] words (the
     counts of later ones are never written: read as 0), and their total; for each channel c of counts (blocks,
-    channels) on its own, all channels in one scan. start: scal[start_at], or 0 where start_at is None."""
-    channels = counts.shape[1]
-    # scans of BLOCK counts in all (a scan of 4,096 made 150 kB of PTX), carried; the channels side by side (a scan
-    # a channel made the compaction's kernel of four channels 0.23 s of Triton's compile against 0.08 s for one)
-    chunk = min(counts.shape[0], max(BLOCK // channels, 1))
+    channels) on its own. start: scal[start_at], or 0 where start_at is None."""
+    chunk = min(counts.shape[0], BLOCK)  # scans of BLOCK counts, carried: one scan of 4,096 made 150 kB of PTX
     blocks = (scal[0] + bw - 1) // bw
     start = jnp.int32(0) if start_at is None else scal[start_at]
 
-    def part(j, running):
-        at = j * chunk + jnp.arange(chunk, dtype=jnp.int32)
-        v = jnp.where((at < blocks)[:, None], counts[pl.ds(j * chunk, chunk), :], 0)
-        base[pl.ds(j * chunk, chunk), :] = running[None, :] + jnp.cumsum(v, axis=0, dtype=jnp.int32) - v
-        return running + jnp.sum(v, axis=0, dtype=jnp.int32)
+    for c in range(counts.shape[1]):
+        def part(j, running, c=c):
+            at = j * chunk + jnp.arange(chunk, dtype=jnp.int32)
+            v = jnp.where(at < blocks, counts[pl.ds(j * chunk, chunk), c], 0)
+            base[pl.ds(j * chunk, chunk), c] = running + jnp.cumsum(v, dtype=jnp.int32) - v
+            return running + jnp.sum(v, dtype=jnp.int32)
 
-    first = jnp.full((channels,), start, jnp.int32)
-    total[:] = lax.fori_loop(jnp.int32(0), (blocks + chunk - 1) // chunk, part, first) - start
+        total[c] = lax.fori_loop(jnp.int32(0), (blocks + chunk - 1) // chunk, part, start) - start
 
 
 def offsets(counts, scal, cfg, start_at=None):
