@@ -415,8 +415,8 @@ def _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, 
         return list(lax.fori_loop(jnp.int32(0), jnp.int32(4 * lanes), byte_c, zero))  # int32: Triton's loop index
 
     def each(m):  # a layer of at most FEW rotations: each one's parity over its support (a few ALU ops a
-        # rotation, where the fold reads its byte tables 4 W times a lane; one H100, 2026-12-07: the 2D Ising
-        # 4x4 and 8x8 1.5% faster warm)
+        # rotation, where the fold reads its byte tables 4 W times a lane; its A/B on one H100, 2026-12-07, 1.5%
+        # faster warm, may have timed one stored program twice: experiments/README, "Parking")
         out = [jnp.zeros_like(m[0]) for _ in range(lanes)]
         for j in range(min(FEW, most)):
             r = row * most + j
