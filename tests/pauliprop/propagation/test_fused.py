@@ -124,7 +124,16 @@ def test_words_wider_than_the_kernels_take_run_on_the_xla_passes(kernels):
     assert prop.tiled_config(low, truncation, 1 << 12, "cpu").fused == "interpret"
     kernels.setattr(prop, "FUSED_MAX_LANES", lanes - 1)
     assert prop.tiled_config(low, truncation, 1 << 12, "cpu").fused == ""
+    taken, config = [], prop.tiled_config
+
+    def recorded(*args):  # the passes each program of the run is built with
+        cfg = config(*args)
+        taken.append(cfg.fused)
+        return cfg
+
+    kernels.setattr(prop, "tiled_config", recorded)
     got = _run(c, h, params, truncation)
+    assert taken and set(taken) == {""}
     kernels.setitem(prop.FUSED, "cpu", "")
     _assert_same(got, _run(c, h, params, truncation), rtol=0)
 
