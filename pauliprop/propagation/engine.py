@@ -501,22 +501,22 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
 
 def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
-    """The rotations of a layer (pairwise disjoint supports, so they commute) in a few passes over the
-    buffer instead of one unit each: the same result as the rotations one by one, truncated per gate.
+    """The rotations of a layer (schedule.units: the same letter on every qubit two of them share, so
+    they commute) in a few passes over the buffer instead of one unit each: the same result as the
+    rotations one by one, truncated per gate.
 
-    Disjoint supports make each word's set of anticommuting rotations the same for every word its
+    Commuting rotations make each word's set of anticommuting rotations the same for every word its
     rotations reach (its fiber), and the fibers do not meet. Pass j turns every word by its j-th
     anticommuting rotation in the layer's order (merge.pair_split with a generator a word): each
     fiber then sees its rotations in order, pairs meet only inside a fiber, and the per-term rules
     (min_abs_coeff, max_weight, max_sins) drop what they drop gate by gate. A pass costs one sort
-    of its turning words (in the smallest room that holds them), and a word anticommutes with at
-    most its weight of the layer's rotations, so a
-    layer of 127 RX under max_weight 8 is at most 8 passes, not 127 units. The largest-terms cut is
+    of its turning words (in the smallest room that holds them), so a layer of 127 RX under
+    max_weight 8 is at most 8 passes, not 127 units. The largest-terms cut is
     global, so a layer holds none (units() makes layers only where per-gate max_terms is absent).
     With cfg.stop, a pass that would overflow (or that reports a collision) leaves the layer
     unapplied: the caller grows the buffer (or orders exactly) and resumes at this unit."""
     lanes = buf.words.shape[1] // 2
-    most = pauli_words.LANE_BITS * lanes  # rotations on disjoint supports: at most one a qubit
+    most = pauli_words.LANE_BITS * lanes  # at most 32 W rotations a layer (schedule._joins)
     start, count = T["u_start"][u], T["u_count"][u]
     rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
     in_layer = jnp.arange(most) < count

@@ -340,11 +340,14 @@ class Units(NamedTuple):
 def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
     """The schedule's steps as loop iterations.
 
-    A LAYER step is one SPLIT unit per rotation, or with `layers` LAYER units: the step's rotations cut
-    into runs whose lowest qubits increase or decrease (`monotone_runs`; engine.layer_unit and
-    tiled.rotation_unit: the same result as rotation by rotation, in a few passes). With per="layer", the
-    rules wait for the end of each step: the rotations defer them, and a TRUNCATE unit applies them
-    to the whole buffer after the step's last rotation.
+    Without `layers`, each rotation is a SPLIT unit. With `layers`, rotations share LAYER units whose
+    passes (engine.layer_unit, tiled.rotation_unit) give the same result as the rotations one by one:
+    - per="gate": each rotation joins the rotation unit right before it (across steps, where no other
+      unit comes between) when it has the same letter as that unit's rotations on every qubit they
+      share (`_joins`), so that all of a unit's rotations commute;
+    - per="layer": the rules wait for the end of each step: the step's rotations (on disjoint qubits)
+      are cut into runs whose lowest qubits increase or decrease (`monotone_runs`), they defer the
+      rules, and a TRUNCATE unit applies them to the whole buffer after the step's last rotation.
     """
     kind, start, count, dense, defer, down = [], [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
@@ -370,7 +373,16 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
             add(U_CHANNEL, st, c, ops=ops)
         else:
             deferred = per == "layer" and c > 1
-            if layers and c > 1:
+            if layers and per == "gate":
+                for j in range(st, st + c):  # each rotation joins the rotation unit before it where it may
+                    after = bool(kind) and kind[-1] in (U_LAYER, U_SPLIT) and start[-1] + count[-1] == j
+                    if after and _joins(s, start[-1], count[-1], j):
+                        kind[-1] = U_LAYER
+                        count[-1] += 1
+                        unit_of_op[int(s.rot_op[j])] = len(kind) - 1
+                    else:
+                        add(U_SPLIT, j, 1, ops=(int(s.rot_op[j]),))
+            elif layers and c > 1:
                 for first, length, dn in monotone_runs(lowest_qubits(s.rot_gx[st:st + c], s.rot_gz[st:st + c])):
                     rows = tuple(int(r) for r in s.rot_op[st + first:st + first + length])
                     if length == 1:
@@ -384,6 +396,20 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
                 add(U_TRUNCATE, 0, 0, ops=ops)
     return Units(np.array(kind, np.int32), np.array(start, np.int32), np.array(count, np.int32),
                  np.array(dense, bool), np.array(defer, bool), np.array(down, bool), unit_of_op)
+
+
+def _joins(s: Schedule, first: int, count: int, j: int) -> bool:
+    """Whether rotation j may join the unit of rotations first .. first + count - 1: at most 32 W of them (one bit
+    each in a word), and on every qubit it shares with one of them the same letter. Then they commute, so a word's
+    turns by some of them leave which of them it anticommutes with unchanged (each word meets the rotations it
+    anticommutes with in circuit order, one a pass), and its anticommutation with each is the parity of its
+    per-qubit anticommutations with the unit's letters over that rotation's support (tiled.layer_of's fold)."""
+    if count >= words.LANE_BITS * s.num_lanes:
+        return False
+    gx, gz = s.rot_gx[first:first + count], s.rot_gz[first:first + count]
+    jx, jz = s.rot_gx[j], s.rot_gz[j]
+    shared = (gx | gz) & (jx | jz)
+    return not np.any(shared & ((gx ^ jx) | (gz ^ jz)))
 
 
 def lowest_qubits(gx: np.ndarray, gz: np.ndarray) -> np.ndarray:

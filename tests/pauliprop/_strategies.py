@@ -173,3 +173,17 @@ def disjoint_rotation_layer(c: pp.Circuit, rng, k: int, singles=("rx",)) -> int:
             getattr(c, gate)(int(q), pp.Param(k))
             k += 1
     return k
+
+
+def commuting_rotations(c: pp.Circuit, rng, k: int, rotations: int, most_qubits: int = 3) -> int:
+    """Append `rotations` rotations that commute and overlap: each qubit gets a letter, each rotation 1 to
+    `most_qubits` random qubits with their letters (as the 2D Ising's ZZ couplings and the Z fields after them:
+    one LAYER unit of the tiled engine, whose rotations share qubits), parameters Param(k), Param(k + 1), ...;
+    returns the next parameter index."""
+    n = c.num_qubits
+    letters = rng.choice(list("XYZ"), size=n)
+    for _ in range(rotations):
+        qubits = [int(q) for q in rng.choice(n, size=int(rng.integers(1, min(most_qubits, n) + 1)), replace=False)]
+        c.pauli_rotation("".join(letters[q] for q in qubits), qubits, pp.Param(k))
+        k += 1
+    return k

@@ -20,7 +20,7 @@ import pytest
 import pauliprop as pp
 from pauliprop.propagation import fused, pairing, propagate as prop
 
-from .._strategies import disjoint_rotation_layer
+from .._strategies import commuting_rotations, disjoint_rotation_layer
 
 
 @pytest.fixture
@@ -107,6 +107,32 @@ def test_layers_found_by_parity_or_by_the_fold_give_the_xla_passes_answer(kernel
     finally:
         fused.FEW = default
         jax.clear_caches()
+    _assert_same(got, want)
+
+
+@pytest.mark.parametrize("n, rotations, few", [(40, 40, 0), (70, 70, fused.FEW), (12, 12, 32)])
+def test_layers_of_rotations_sharing_qubits_give_the_xla_passes_answer(kernels, n, rotations, few):
+    """Layers of commuting rotations on shared qubits (the fold maps a qubit to several rotations' bits, the bits
+    are the rotations' places), over one to three lanes, found by the fold or by parity (layers of at most FEW)."""
+    rng = np.random.default_rng(n)
+    c, k = pp.Circuit(n), 0
+    for _ in range(3):
+        k = commuting_rotations(c, rng, k, rotations)
+        c.h(int(rng.integers(n))).cx(0, n - 1).s(n // 2)
+    h = _observable(n, rng)
+    params = rng.uniform(-1.2, 1.2, size=k)
+    truncation = pp.Truncation(min_abs_coeff=3e-3, max_weight=6)
+    kernels.setitem(prop.FUSED, "cpu", "")
+    want = _run(c, h, params, truncation)
+    kernels.setitem(prop.FUSED, "cpu", "interpret")
+    default, fused.FEW = fused.FEW, few
+    jax.clear_caches()  # FEW is read where the program is traced
+    try:
+        got = _run(c, h, params, truncation)
+    finally:
+        fused.FEW = default
+        jax.clear_caches()
+    assert want[2] > 256  # the terms spread over several tiles
     _assert_same(got, want)
 
 

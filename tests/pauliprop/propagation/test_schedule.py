@@ -45,9 +45,10 @@ def test_every_row_is_in_one_step_of_its_kind(data):
     for a, b in zip(sched.kind[:-1], sched.kind[1:]):
         assert not (a == b and a in (S.CLIFFORD, S.CHANNEL))
     # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer.
-    # With layers=True a multi-rotation layer is cut into runs whose lowest qubits only increase or only
-    # decrease: a run of several rotations is one LAYER unit (its direction in `down`), a run of one a
-    # SPLIT unit, in the step's order; per="layer", every row of the layer is read after its truncation
+    # With layers=True and per="gate", units of commuting rotations (_assert_commuting_units); per="layer", a
+    # multi-rotation layer is cut into runs whose lowest qubits only increase or only decrease: a run of several
+    # rotations is one LAYER unit (its direction in `down`), a run of one a SPLIT unit, in the step's order, and
+    # every row of the layer is read after its truncation
     for per in ("gate", "layer"):
         layers = [i for i, (k, c) in enumerate(zip(sched.kind, sched.count)) if k == S.LAYER and c > 1]
         span = lambda i, first=0, length=None: slice(sched.start[i] + first,
@@ -58,9 +59,13 @@ def test_every_row_is_in_one_step_of_its_kind(data):
             assert u.unit_of_op.shape == (prog.length,) and np.all(u.unit_of_op < u.length)
             assert int(np.sum(u.kind == S.U_TRUNCATE)) == (len(layers) if per == "layer" else 0)
             several = sum(length > 1 for i in layers for _, length, _ in runs[i])
-            assert int(np.sum(u.kind == S.U_LAYER)) == (several if as_layers else 0)
+            if not (as_layers and per == "gate"):
+                assert int(np.sum(u.kind == S.U_LAYER)) == (several if as_layers else 0)
             rotations = int(sum(c for k, c in zip(sched.kind, sched.count) if k == S.LAYER))
             assert int(np.sum(u.count[u.kind == S.U_LAYER]) + np.sum(u.kind == S.U_SPLIT)) == rotations
+            if as_layers and per == "gate":
+                _assert_commuting_units(sched, u)
+                continue
             for i in (layers if as_layers else ()):
                 assert sum(length for _, length, _ in runs[i]) == sched.count[i]
                 if per == "layer":
@@ -78,6 +83,26 @@ def test_every_row_is_in_one_step_of_its_kind(data):
                     assert bool(u.down[k]) == down and u.start[k] == sched.start[i] + first
                     seen.append(k)
                 assert seen == sorted(set(seen))  # one unit a run, in the step's order
+
+
+def _assert_commuting_units(sched, u):
+    """Per-gate rules with layers: the rotation units take the rotations in order, each unit at most 32 W of them
+    with the same letter on every qubit two of them share (so they commute), and maximal: a rotation unit right
+    after another (no other unit between) could not have joined it."""
+    rot = [k for k in range(u.length) if u.kind[k] in (S.U_LAYER, S.U_SPLIT)]
+    assert [int(u.start[k]) for k in rot] == list(np.cumsum([0] + [int(u.count[k]) for k in rot])[:-1])
+    for k in rot:
+        first, count = int(u.start[k]), int(u.count[k])
+        assert u.kind[k] == (S.U_LAYER if count > 1 else S.U_SPLIT) and not u.down[k]
+        assert count <= 32 * sched.num_lanes
+        x, z = sched.rot_gx[first:first + count], sched.rot_gz[first:first + count]
+        for a in range(count):  # on every qubit two rotations share, the same letter
+            for b in range(a):
+                shared = (x[a] | z[a]) & (x[b] | z[b])
+                assert not np.any(shared & ((x[a] ^ x[b]) | (z[a] ^ z[b])))
+        assert all(u.unit_of_op[sched.rot_op[j]] == k for j in range(first, first + count))
+        if k + 1 < u.length and k + 1 in rot:
+            assert not S._joins(sched, first, count, first + count)
 
 
 def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():

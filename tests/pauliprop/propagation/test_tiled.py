@@ -21,7 +21,7 @@ import pauliprop as pp
 from pauliprop.models import kicked_ising_127 as ki
 from pauliprop.propagation import pairing, propagate as prop, tiled
 
-from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build,
+from .._strategies import (UNITARY_KINDS, UNITARY_OPS, UNITARY_TERMS, anchored_ops, build, commuting_rotations,
                           disjoint_rotation_layer, observable_terms, params_vector, paulisum, states)
 
 
@@ -75,6 +75,42 @@ def test_truncated_is_the_loops_estimator(case, truncation):
     assert abs(float(val) - old) < 1e-10
     np.testing.assert_allclose(stats.dropped_norm, old_stats.dropped_norm, atol=1e-10)
     assert not bool(stats.overflow)
+
+
+@st.composite
+def commuting_case(draw, max_n=7):
+    """Rounds of commuting rotations that share qubits (commuting_rotations), a Clifford between some of them:
+    the tiled engine's layers of several rotations on one qubit."""
+    n = draw(st.integers(2, max_n))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    c, k = pp.Circuit(n), 0
+    for _ in range(3):
+        k = commuting_rotations(c, rng, k, int(rng.integers(2, 9)))
+        if rng.random() < 0.5:
+            c.h(int(rng.integers(n))).cx(0, n - 1)
+    terms = draw(observable_terms(n, UNITARY_TERMS))
+    return n, c, terms, rng.uniform(-1.5, 1.5, size=k), draw(states(n))
+
+
+@settings(max_examples=20)
+@given(commuting_case())
+def test_commuting_layers_untruncated_equal_statevector(case):
+    n, c, terms, params, state = case
+    h = paulisum(terms, n)
+    exact = float(pp.expectation(c, h, params, state=state, method="statevector"))
+    assert abs(float(pp.expectation(c, h, params, state=state)) - exact) < 1e-10
+
+
+@settings(max_examples=20)
+@given(commuting_case(), truncations)
+def test_commuting_layers_truncated_are_the_loops_estimator(case, truncation):
+    """A layer's passes drop what the rotations one by one (the loop's SPLIT units) drop, gate by gate."""
+    n, c, terms, params, state = case
+    h = paulisum(terms, n)
+    val, stats = pp.expectation(c, h, params, state=state, truncation=truncation, return_stats=True)
+    old, old_stats = _old_loop(c, h, params, truncation, state)
+    assert abs(float(val) - old) < 1e-10
+    np.testing.assert_allclose(stats.dropped_norm, old_stats.dropped_norm, atol=1e-10)
 
 
 def _layered(n: int, layers: int, rng) -> tuple[pp.Circuit, int]:
