@@ -10,8 +10,8 @@ with the tiled engine's (tests/pauliprop/propagation/test_native.py):
   Clifford run  each word through the run's dense map (`chunk_tables`: a lookup a non-zero byte of
                 the word, so sparse words cost a few lookups), or gate by gate where the weight
                 rule applies after every gate; then the unit's end rules.
-  rotation      a layer's rotations one after another (they act on disjoint qubits, so each word
-                meets them in the layer's order, as the tiled engine's passes do). A rotation by G
+  rotation      a layer's rotations one after another (each word meets them in the layer's order,
+                as the tiled engine's passes make it do). A rotation by G
                 lists the words that anticommute with G, pairs each with its partner P xor G
                 through a hash table keyed by the pair's canonical member (a table stamped per
                 pass: nothing to clear), mixes each pair in place, appends the missing partners,
