@@ -226,19 +226,28 @@ static inline int clifford_word(i64 dense, i64 start, i64 count, const i64 *cl_k
     return negate;
 }
 
+/* The words of one bucket (slots base .. base + count - 1) that anticommute with gen (its lanes: gen_lanes), listed
+ * from turning_[base]; returns their number. */
+static inline i64 turning_bucket(const u32 *gen, const i64 *lanes, i64 nl, const u32 *words, i64 base, i64 count,
+                                 i32 *turning_, i64 w) {
+    i64 t = 0;
+    for (i64 i = base; i < base + count; i++) { /* no branch: which words turn is as good as random */
+        turning_[base + t] = (i32)i;
+        t += anticommutes(words + i * 2 * w, gen, w, lanes, nl);
+    }
+    return t;
+}
+
 /* A rotation by G, first step, on part `part` of `parts` of the buckets (a contiguous range): each bucket's words
- * that anticommute with G listed in turning (per bucket), their number in turning_count. */
+ * that anticommute with G listed in turning (per bucket), their number in turning_count. (A unit's later rotations
+ * have theirs made by the rotation before them, bucket by bucket as its pairs finish: pairs()'s `next`.) */
 EXPORT void turning(i64 g, i64 part, i64 parts, const u32 *gens, const u32 *words, const i64 *bucket_count,
                     i64 buckets, i64 slots, i32 *turning_, i64 *turning_count, i64 w) {
     i64 cap = slots / buckets;
     const u32 *gen = gens + g * 2 * w;
     i64 *lanes = (i64 *)malloc((size_t)w * sizeof(i64)), nl = gen_lanes(gen, w, lanes);
-    for (i64 bucket = part * buckets / parts; bucket < (part + 1) * buckets / parts; bucket++) {
-        i64 base = bucket * cap, t = 0;
-        for (i64 i = base; i < base + bucket_count[bucket]; i++)
-            if (anticommutes(words + i * 2 * w, gen, w, lanes, nl)) turning_[base + t++] = (i32)i;
-        turning_count[bucket] = t;
-    }
+    for (i64 bucket = part * buckets / parts; bucket < (part + 1) * buckets / parts; bucket++)
+        turning_count[bucket] = turning_bucket(gen, lanes, nl, words, bucket * cap, bucket_count[bucket], turning_, w);
     free(lanes);
 }
 

@@ -117,17 +117,20 @@ EXPORT void NAME(channel_unit)(i64 threads, i64 start, i64 count, const i64 *ch_
     }
 }
 
-/* A rotation by G, second step (after turning() on every part and need() found room), on part `part` of
+/* A rotation by G, second step (after its turning lists are made and need() found room), on part `part` of
  * `parts` of the bucket pairs (a, a xor bucket_of(G)): P -> cos P + sin i G P for the turning words P, each
  * pair of buckets alone, its words in the cache. Parts touch disjoint buckets; each has its own table (4 cap
- * entries, -1: empty; left empty) and dropped. */
+ * entries, -1: empty; left empty) and dropped. With next >= 0, the pair's buckets, once done, get rotation next's
+ * turning lists in place of G's (turning(): every bucket is in one pair, and its words are still in the cache). */
 EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 *gens, u32 *words, CT *coeffs,
-                        i32 *sins, u8 *gone, i32 *holes, i32 *partner, const i32 *turning, i64 *table,
-                        i64 *bucket_count, i64 buckets, i64 slots, const i64 *turning_count, const u32 *hashes,
-                        i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped) {
+                        i32 *sins, u8 *gone, i32 *holes, i32 *partner, i32 *turning, i64 *table,
+                        i64 *bucket_count, i64 buckets, i64 slots, i64 *turning_count, const u32 *hashes,
+                        i64 w, i64 max_weight, double min_abs, i64 max_sins, double *dropped, i64 next) {
     i64 cap = slots / buckets, w2 = 2 * w;
     const u32 *gen = gens + g * w2;
     i64 *lanes = (i64 *)malloc((size_t)w * sizeof(i64)), nl = gen_lanes(gen, w, lanes);
+    const u32 *next_gen = gens + (next >= 0 ? next : g) * w2;
+    i64 *next_lanes = (i64 *)malloc((size_t)w * sizeof(i64)), next_nl = gen_lanes(next_gen, w, next_lanes);
     i64 shift = bucket_of(gen, hashes, bits(buckets), w);
     i64 top = bits(shift + 1) - 1; /* the top set bit of shift: a pair's lower bucket has it clear */
     i64 pairs = shift ? buckets / 2 : buckets;
@@ -145,7 +148,15 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
         i64 a = shift ? (((p >> top) << (top + 1)) | (p & ((INT64_C(1) << top) - 1))) : p; /* bit `top` of a: 0 */
         i64 b = a ^ shift;
         i64 ta = turning_count[a], tb = b != a ? turning_count[b] : 0, t = ta + tb;
-        if (t == 0) continue;
+        if (t == 0) {
+            if (next >= 0) {
+                turning_count[a] = turning_bucket(next_gen, next_lanes, next_nl, words, a * cap, bucket_count[a], turning, w);
+                if (b != a)
+                    turning_count[b] = turning_bucket(next_gen, next_lanes, next_nl, words, b * cap, bucket_count[b],
+                                                      turning, w);
+            }
+            continue;
+        }
         i64 size = 2;
         while (size < 2 * t) size <<= 1; /* a table of at least twice the turning words */
         i64 mask = size - 1, base_a = a * cap, base_b = b * cap, ha = 0, hb = 0;
@@ -233,11 +244,19 @@ EXPORT void NAME(pairs)(i64 g, CT cos_, CT sin_, i64 part, i64 parts, const u32 
         if (b != a)
             bucket_count[b] = NAME(fill_bucket)(words, coeffs, sins, gone, holes, base_b, bucket_count[b] + add_b, hb,
                                                 w2);
+        if (next >= 0) {
+            turning_count[a] = turning_bucket(next_gen, next_lanes, next_nl, words, base_a, bucket_count[a], turning, w);
+            if (b != a)
+                turning_count[b] = turning_bucket(next_gen, next_lanes, next_nl, words, base_b, bucket_count[b], turning,
+                                                  w);
+        }
     }
     free(lanes);
+    free(next_lanes);
 }
 
-/* The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word.
+/* The rotations first .. end - 1 of a unit, one after another, on one thread: exp(-i a/2 G) on every word (the
+ * first one's turning lists by a scan, the others' made by the pairs of the rotation before).
  * out: (the rotation it stopped at (end: done), the slots a bucket needs there (0: done; nothing of that
  * rotation written), the most live words after any rotation (at least peak)). */
 EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot_sin, const u32 *gens, u32 *words,
@@ -245,14 +264,15 @@ EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot
                             i64 *bucket_count, i64 buckets, i64 slots, i64 *turning_count, const u32 *hashes, i64 w,
                             i64 max_weight, double min_abs, i64 max_sins, double *dropped, i64 peak, i64 *out) {
     for (i64 g = first; g < end; g++) {
-        turning(g, 0, 1, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
+        if (g == first) turning(g, 0, 1, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
         i64 need_ = need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w);
         if (need_ > 0) {
             out[0] = g, out[1] = need_, out[2] = peak;
             return;
         }
         NAME(pairs)(g, rot_cos[g], rot_sin[g], 0, 1, gens, words, coeffs, sins, gone, holes, partner, turning_, table,
-                    bucket_count, buckets, slots, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped);
+                    bucket_count, buckets, slots, turning_count, hashes, w, max_weight, min_abs, max_sins, dropped,
+                    g + 1 < end ? g + 1 : -1);
         i64 n = 0;
         for (i64 b = 0; b < buckets; b++) n += bucket_count[b];
         if (n > peak) peak = n;
@@ -260,8 +280,9 @@ EXPORT void NAME(rotations)(i64 first, i64 end, const CT *rot_cos, const CT *rot
     out[0] = end, out[1] = 0, out[2] = peak;
 }
 
-/* rotations() on up to `threads` threads (OpenMP; one where the library was built without it): each rotation's
- * turning lists by ranges of buckets, then, where every bucket has room, its bucket pairs by ranges of pairs, the
+/* rotations() on up to `threads` threads (OpenMP; one where the library was built without it): the first
+ * rotation's turning lists by ranges of buckets, then for each rotation, where every bucket has room, its bucket
+ * pairs by ranges of pairs (which make the next rotation's turning lists: two barriers a rotation), the
  * ranges (RANGES_PER_THREAD a thread) handed out one at a time as threads come free, so a thread that is slowed
  * (preempted, or given the busier buckets) holds up one range, not a thread's share; each thread with its own
  * table (tables: threads rows of table_size entries, -1: empty) and dropped norms (drops: threads rows of 3). The same values and terms as on one thread (a pair's arithmetic does not depend on who
@@ -276,27 +297,24 @@ EXPORT void NAME(rotations_threads)(i64 threads, i64 first, i64 end, const CT *r
 #pragma omp parallel num_threads((int)threads)
     {
         i64 part = omp_get_thread_num(), ranges = RANGES_PER_THREAD * omp_get_num_threads();
-        for (i64 g = first; g < end; g++) {
 #pragma omp for schedule(dynamic, 1)
-            for (i64 r = 0; r < ranges; r++)
-                turning(g, r, ranges, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
+        for (i64 r = 0; r < ranges; r++)
+            turning(first, r, ranges, gens, words, bucket_count, buckets, slots, turning_, turning_count, w);
+        for (i64 g = first; g <= end; g++) {
 #pragma omp single
             {
-                i64 n = need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w);
+                i64 n = 0; /* the live words after rotation g - 1 */
+                for (i64 b = 0; b < buckets; b++) n += bucket_count[b];
+                if (n > peak) peak = n;
+                n = g < end ? need(g, gens, bucket_count, buckets, slots, turning_count, hashes, w) : 0;
                 if (n > 0) stop = g, stop_need = n;
             } /* (a barrier: every thread reads stop_need as written) */
-            if (stop_need > 0) break;
+            if (stop_need > 0 || g == end) break;
 #pragma omp for schedule(dynamic, 1)
             for (i64 r = 0; r < ranges; r++)
                 NAME(pairs)(g, rot_cos[g], rot_sin[g], r, ranges, gens, words, coeffs, sins, gone, holes, partner,
                             turning_, tables + part * table_size, bucket_count, buckets, slots, turning_count, hashes,
-                            w, max_weight, min_abs, max_sins, drops + 3 * part);
-#pragma omp single
-            {
-                i64 n = 0;
-                for (i64 b = 0; b < buckets; b++) n += bucket_count[b];
-                if (n > peak) peak = n;
-            }
+                            w, max_weight, min_abs, max_sins, drops + 3 * part, g + 1 < end ? g + 1 : -1);
         }
     }
     out[0] = stop, out[1] = stop_need, out[2] = peak;

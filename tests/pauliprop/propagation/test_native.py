@@ -136,11 +136,12 @@ def test_buckets_that_start_small_grow_with_the_same_answer(monkeypatch):
     assert abs(float(small[0]) - float(pp.expectation(c, h, params, method="statevector"))) < 2e-3
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
+@pytest.mark.parametrize("threads, small", [(2, False), (3, False), (2, True)])
+def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads, small):
     """A unit's rotations on several threads (OpenMP: ranges of buckets, then of bucket pairs, each thread with
-    its own table and dropped norms): the one-thread run's value, live terms after every row and dropped norms
-    (to rounding: sums in another order), with buckets relaid out as the words grow."""
+    its own table and dropped norms; a rotation's pairs make the next one's turning lists): the one-thread run's
+    value, live terms after every row and dropped norms (to rounding: sums in another order); with small buckets,
+    also where a run stops inside a unit and resumes there in buckets relaid out."""
     if not native.OPENMP:
         pytest.skip("the native engine's C library was built without OpenMP: its rotations run on one thread")
     rng = np.random.default_rng(41)
@@ -153,11 +154,16 @@ def test_rotations_on_threads_give_the_one_thread_run(monkeypatch, threads):
     one = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
     monkeypatch.setattr(native, "THREAD_MIN", 0)
     monkeypatch.setenv(native.THREADS, str(threads))
+    if small:  # and a circuit of its own: a circuit keeps the layout its last run ended in
+        monkeypatch.setattr(native, "TARGET_BUCKET", 4)
+        monkeypatch.setattr(native, "MIN_BUCKET_CAP", 2)
+        c, _ = _layered(10, 3, np.random.default_rng(41))
     called = []
     run = native.run
     monkeypatch.setattr(native, "run", lambda *a, **k: called.append(run(*a, **k)) or called[-1])
     many = pp.expectation(c, h, params, truncation=truncation, return_stats=True)
     assert int(many[1].max_terms_seen) > 1000 and max(at.threads for at in called) == threads
+    assert not small or any(at.need > 0 and at.step > 0 for at in called)  # stopped inside a unit
     _assert_same_run(many, one)
 
 
