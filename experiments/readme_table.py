@@ -44,7 +44,7 @@ def rows() -> list[list[str]]:
     # ours on the GPU (fused.py; a first call whose program is not compiled answered by the native engine on the
     # host while it compiles), the native peers on the host's 16 cores: each case from the newest file holding it
     # (a file is one lease: ours and the peers side by side)
-    files = ("native_peers_h100_2026-12-07.json", "native_peers_h200_2026-11-29_masked_loads.json",
+    files = ("native_peers_h100_2026-12-07_layers.json", "native_peers_h200_2026-11-29_masked_loads.json",
              "native_peers_h200_2026-11-29_final.json")
     loaded = {f: _load(f) for f in files}
 
@@ -78,7 +78,7 @@ def rows() -> list[list[str]]:
                             d, ours["first_call_s"], name, peer, [f], host))
     # ours on two CPU cores (the native engine's C loops) beside paulistrings-rs on the same two cores: the
     # issue's CPU bounds (warm at most its time, a first call on an empty cache at most twice its first)
-    f = "native_peers_cpu_2026-12-06.json"  # the 2-core AMD EPYC: CI's kind of machine
+    f = "native_peers_cpu_2026-12-07.json"  # the 2-core AMD EPYC: CI's kind of machine
     d = _load(f)
     for case, what in (("KI theta_h=pi/4", "kicked Ising at pi/4"), ("KI theta_h=pi/8", "kicked Ising at pi/8"),
                        ("2D Ising L=4", "2D Ising 4x4")):
