@@ -351,6 +351,9 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
     """
     kind, start, count, dense, defer, down = [], [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
+    gx, gz = as_ints(s.rot_gx), as_ints(s.rot_gz)  # the rotations' generators as Python ints (_joins)
+    unit_x = unit_z = 0  # the letters of the rotation unit being built (the OR of its generators)
+    most = words.LANE_BITS * s.num_lanes
 
     def add(k, st, c, d=False, df=False, ops=(), dn=False):
         for r in ops:
@@ -376,12 +379,14 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
             if layers and per == "gate":
                 for j in range(st, st + c):  # each rotation joins the rotation unit before it where it may
                     after = bool(kind) and kind[-1] in (U_LAYER, U_SPLIT) and start[-1] + count[-1] == j
-                    if after and _joins(s, start[-1], count[-1], j):
+                    if after and _joins(unit_x, unit_z, count[-1], gx[j], gz[j], most):
                         kind[-1] = U_LAYER
                         count[-1] += 1
                         unit_of_op[int(s.rot_op[j])] = len(kind) - 1
+                        unit_x, unit_z = unit_x | gx[j], unit_z | gz[j]
                     else:
                         add(U_SPLIT, j, 1, ops=(int(s.rot_op[j]),))
+                        unit_x, unit_z = gx[j], gz[j]
             elif layers and c > 1:
                 for first, length, dn in monotone_runs(lowest_qubits(s.rot_gx[st:st + c], s.rot_gz[st:st + c])):
                     rows = tuple(int(r) for r in s.rot_op[st + first:st + first + length])
@@ -398,18 +403,20 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
                  np.array(dense, bool), np.array(defer, bool), np.array(down, bool), unit_of_op)
 
 
-def _joins(s: Schedule, first: int, count: int, j: int) -> bool:
-    """Whether rotation j may join the unit of rotations first .. first + count - 1: at most 32 W of them (one bit
-    each in a word), and on every qubit it shares with one of them the same letter. Then they commute, so a word's
-    turns by some of them leave which of them it anticommutes with unchanged (each word meets the rotations it
-    anticommutes with in circuit order, one a pass), and its anticommutation with each is the parity of its
-    per-qubit anticommutations with the unit's letters over that rotation's support (tiled.layer_of's fold)."""
-    if count >= words.LANE_BITS * s.num_lanes:
-        return False
-    gx, gz = s.rot_gx[first:first + count], s.rot_gz[first:first + count]
-    jx, jz = s.rot_gx[j], s.rot_gz[j]
-    shared = (gx | gz) & (jx | jz)
-    return not np.any(shared & ((gx ^ jx) | (gz ^ jz)))
+def _joins(unit_x: int, unit_z: int, count: int, jx: int, jz: int, most: int) -> bool:
+    """Whether a rotation (generator bits jx, jz) may join a unit of `count` rotations whose generators OR to
+    unit_x, unit_z: at most `most` (32 W: one bit each in a word) of them, and on every qubit it shares with them
+    the same letter. Then they commute, so a word's turns by some of them leave which of them it anticommutes with
+    unchanged (each word meets the rotations it anticommutes with in circuit order, one a pass), and its
+    anticommutation with each is the parity of its per-qubit anticommutations with the unit's letters over that
+    rotation's support (tiled.layer_of's fold)."""
+    shared = (unit_x | unit_z) & (jx | jz)
+    return count < most and not shared & ((unit_x ^ jx) | (unit_z ^ jz))
+
+
+def as_ints(rows: np.ndarray) -> list[int]:
+    """Rows of W uint32 lanes as Python ints (lane l: bits 32 l .. 32 l + 31)."""
+    return [int.from_bytes(r.astype("<u4").tobytes(), "little") for r in rows]
 
 
 def lowest_qubits(gx: np.ndarray, gz: np.ndarray) -> np.ndarray:

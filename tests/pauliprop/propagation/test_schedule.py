@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import numpy as np
 from hypothesis import given, settings
@@ -102,7 +104,10 @@ def _assert_commuting_units(sched, u):
                 assert not np.any(shared & ((x[a] ^ x[b]) | (z[a] ^ z[b])))
         assert all(u.unit_of_op[sched.rot_op[j]] == k for j in range(first, first + count))
         if k + 1 < u.length and k + 1 in rot:
-            assert not S._joins(sched, first, count, first + count)
+            ux, uz = (functools.reduce(operator.or_, S.as_ints(a[first:first + count]), 0) for a in
+                      (sched.rot_gx, sched.rot_gz))
+            jx, jz = (S.as_ints(a[first + count:first + count + 1])[0] for a in (sched.rot_gx, sched.rot_gz))
+            assert not S._joins(ux, uz, count, jx, jz, 32 * sched.num_lanes)
 
 
 def test_a_kicked_ising_step_is_one_rotation_layer_and_one_map():
