@@ -329,7 +329,6 @@ class Units(NamedTuple):
     count: np.ndarray  # (U,) int32
     dense: np.ndarray  # (U,) bool (CLIFFORD: apply maps[start])
     defer: np.ndarray  # (U,) bool: the truncation rules wait for the end of the step (per="layer")
-    down: np.ndarray  # (U,) bool: a LAYER's rotations come in decreasing order of their lowest qubits
     unit_of_op: np.ndarray  # (L,) int32: the unit after which row r's term count is read
 
     @property
@@ -349,13 +348,13 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
       are cut into runs whose lowest qubits increase or decrease (`monotone_runs`), they defer the
       rules, and a TRUNCATE unit applies them to the whole buffer after the step's last rotation.
     """
-    kind, start, count, dense, defer, down = [], [], [], [], [], []
+    kind, start, count, dense, defer = [], [], [], [], []
     unit_of_op = np.zeros(s.num_ops, np.int32)
     gx, gz = as_ints(s.rot_gx), as_ints(s.rot_gz)  # the rotations' generators as Python ints (_joins)
     unit_x = unit_z = 0  # the letters of the rotation unit being built (the OR of its generators)
     most = words.LANE_BITS * s.num_lanes
 
-    def add(k, st, c, d=False, df=False, ops=(), dn=False):
+    def add(k, st, c, d=False, df=False, ops=()):
         for r in ops:
             unit_of_op[r] = len(kind)
         kind.append(k)
@@ -363,7 +362,6 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
         count.append(c)
         dense.append(d)
         defer.append(df)
-        down.append(dn)
 
     for i in range(s.num_steps):
         k, st, c = int(s.kind[i]), int(s.start[i]), int(s.count[i])
@@ -388,19 +386,19 @@ def units(s: Schedule, per: str = "gate", layers: bool = False) -> Units:
                         add(U_SPLIT, j, 1, ops=(int(s.rot_op[j]),))
                         unit_x, unit_z = gx[j], gz[j]
             elif layers and c > 1:
-                for first, length, dn in monotone_runs(lowest_qubits(s.rot_gx[st:st + c], s.rot_gz[st:st + c])):
+                for first, length, _ in monotone_runs(lowest_qubits(s.rot_gx[st:st + c], s.rot_gz[st:st + c])):
                     rows = tuple(int(r) for r in s.rot_op[st + first:st + first + length])
                     if length == 1:
                         add(U_SPLIT, st + first, 1, df=deferred, ops=rows)
                     else:
-                        add(U_LAYER, st + first, length, df=deferred, ops=rows, dn=dn)
+                        add(U_LAYER, st + first, length, df=deferred, ops=rows)
             else:
                 for j in range(c):
                     add(U_SPLIT, st + j, 1, df=deferred, ops=(int(s.rot_op[st + j]),))
             if deferred:
                 add(U_TRUNCATE, 0, 0, ops=ops)
     return Units(np.array(kind, np.int32), np.array(start, np.int32), np.array(count, np.int32),
-                 np.array(dense, bool), np.array(defer, bool), np.array(down, bool), unit_of_op)
+                 np.array(dense, bool), np.array(defer, bool), unit_of_op)
 
 
 def _joins(unit_x: int, unit_z: int, count: int, jx: int, jz: int, most: int) -> bool:
@@ -445,5 +443,5 @@ def padded_units(u: Units, minimum: int = MIN_BUCKET) -> dict:
     length = bucket(u.length, minimum)
     pad = lambda a, fill=0: np.concatenate([a, np.full(length - len(a), fill, a.dtype)])
     return dict(u_kind=pad(u.kind, U_NOOP), u_start=pad(u.start), u_count=pad(u.count), u_dense=pad(u.dense),
-                u_defer=pad(u.defer), u_down=pad(u.down), unit_of_op=np.concatenate([u.unit_of_op, np.zeros(
+                u_defer=pad(u.defer), unit_of_op=np.concatenate([u.unit_of_op, np.zeros(
                     bucket(len(u.unit_of_op), minimum) - len(u.unit_of_op), np.int32)]))

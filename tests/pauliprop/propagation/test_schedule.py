@@ -49,8 +49,8 @@ def test_every_row_is_in_one_step_of_its_kind(data):
     # units: each row is read after one unit; per="layer" adds one truncation after each multi-rotation layer.
     # With layers=True and per="gate", units of commuting rotations (_assert_commuting_units); per="layer", a
     # multi-rotation layer is cut into runs whose lowest qubits only increase or only decrease: a run of several
-    # rotations is one LAYER unit (its direction in `down`), a run of one a SPLIT unit, in the step's order, and
-    # every row of the layer is read after its truncation
+    # rotations is one LAYER unit (tiled.layer_of finds its direction), a run of one a SPLIT unit, in the step's
+    # order, and every row of the layer is read after its truncation
     for per in ("gate", "layer"):
         layers = [i for i, (k, c) in enumerate(zip(sched.kind, sched.count)) if k == S.LAYER and c > 1]
         span = lambda i, first=0, length=None: slice(sched.start[i] + first,
@@ -82,7 +82,7 @@ def test_every_row_is_in_one_step_of_its_kind(data):
                     assert len(unit) == 1
                     k = unit.pop()
                     assert u.kind[k] == (S.U_LAYER if length > 1 else S.U_SPLIT) and u.count[k] == length
-                    assert bool(u.down[k]) == down and u.start[k] == sched.start[i] + first
+                    assert u.start[k] == sched.start[i] + first
                     seen.append(k)
                 assert seen == sorted(set(seen))  # one unit a run, in the step's order
 
@@ -95,7 +95,7 @@ def _assert_commuting_units(sched, u):
     assert [int(u.start[k]) for k in rot] == list(np.cumsum([0] + [int(u.count[k]) for k in rot])[:-1])
     for k in rot:
         first, count = int(u.start[k]), int(u.count[k])
-        assert u.kind[k] == (S.U_LAYER if count > 1 else S.U_SPLIT) and not u.down[k]
+        assert u.kind[k] == (S.U_LAYER if count > 1 else S.U_SPLIT)
         assert count <= 32 * sched.num_lanes
         x, z = sched.rot_gx[first:first + count], sched.rot_gz[first:first + count]
         for a in range(count):  # on every qubit two rotations share, the same letter

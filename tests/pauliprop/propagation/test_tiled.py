@@ -240,7 +240,7 @@ def test_layer_passes_follow_the_layers_order():
         gz = np.zeros((32, 1), np.uint32)
         for i, q in enumerate(qubits):
             gz[i, 0] = 1 << q  # RZ: a word anticommutes where it has X or Y
-        T = {"u_start": np.array([0]), "u_count": np.array([n]), "u_down": np.array([down]),
+        T = {"u_start": np.array([0]), "u_count": np.array([n]),
              "rot_gx": gx, "rot_gz": gz, "rot_index": np.full(32, -1), "rot_scale": np.zeros(32),
              "rot_offset": np.full(32, 0.3)}
         layer = tiled.layer_of(T, 0, jnp.zeros(0), 1, jnp.float64)
