@@ -44,7 +44,7 @@ def rows() -> list[list[str]]:
     # ours on the GPU (fused.py; a first call whose program is not compiled answered by the native engine on the
     # host while it compiles), the native peers on the host's 16 cores: each case from the newest file holding it
     # (a file is one lease: ours and the peers side by side)
-    files = ("native_peers_h100_2026-12-07_layers.json", "native_peers_h200_2026-11-29_masked_loads.json",
+    files = ("native_peers_h100_2026-12-07_head.json", "native_peers_h100_2026-12-07_layers.json", "native_peers_h200_2026-11-29_masked_loads.json",
              "native_peers_h200_2026-11-29_final.json")
     loaded = {f: _load(f) for f in files}
 
