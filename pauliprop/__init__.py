@@ -37,14 +37,6 @@ from .propagation.truncation import Truncation  # noqa: E402
 from .statevector import adjoint as statevector_adjoint  # noqa: E402
 from .statevector import sharding  # noqa: E402
 
-# The modules of the flat package stay reachable by their old names, pp.<module>; pp.propagate and
-# pp.overlap are, as before, the functions.
-from .algebra import clifford, paulisum, words  # noqa: E402, F401
-from .circuits import circuit, gates  # noqa: E402, F401
-from .propagation import adjoint, engine, merge, objective, program, schedule, shared, truncation  # noqa: E402, F401
-from .runtime import batching, prefix  # noqa: E402, F401
-from .runtime import memory  # noqa: E402, F401
-
 __all__ = ["CPU_COMPILER_OPTIONS", "Circuit", "Instruction", "Param", "GATES", "GateDef", "PauliSum",
            "PropagationStats", "Truncation", "ansatz", "expectation", "expectation_fn", "expectations", "hamiltonians", "overlap", "propagate", "sharded", "sharding",
            "statevector", "statevector_adjoint"]

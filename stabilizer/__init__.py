@@ -47,12 +47,6 @@ from .frames.sampler import (
 )
 from .tableau.simulator import TableauSimulator
 
-# The modules of the flat package stay reachable by their old names, st.<module>; st.tableau and
-# st.frames are now the folders, which export the names of tableau.py and frames.py.
-from .circuits import circuit, program  # noqa: E402, F401
-from .frames import frame_kernel, sampler  # noqa: E402, F401
-from .tableau import kernels, simulator  # noqa: E402, F401
-
 
 
 def __getattr__(name: str):

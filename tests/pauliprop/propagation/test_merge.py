@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import pauliprop as pp
 from pauliprop.propagation import engine
 from pauliprop.propagation import merge as M
+from pauliprop.propagation import truncation as truncation_rules
 from pauliprop.algebra import words as W
 
 SLOTS = 64  # candidate slots in the unit tests (one compile per shape)
@@ -328,7 +329,7 @@ def test_argsort_keys_sorts(keys, nbits):
     assert np.all(np.diff(keys[perm].astype(np.float64)) >= 0) and np.all(keys[perm][1:] >= keys[perm][:-1])
 
 
-_cut_keeps = jax.jit(lambda words, mags, live, k, method: pp.truncation.keep_largest(
+_cut_keeps = jax.jit(lambda words, mags, live, k, method: truncation_rules.keep_largest(
     mags, live, k, method=method, tiebreak=lambda i: M.tie_keys(words[i])), static_argnames=("method",))
 
 

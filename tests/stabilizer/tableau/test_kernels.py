@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pauliprop import gates as G
+from pauliprop.circuits import gates as G
 from stabilizer import Circuit
 from stabilizer.circuits.program import gate_action, lowered
 from stabilizer.tableau import kernels as K

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pauliprop import gates as G
+from pauliprop.circuits import gates as G
 from stabilizer.circuits.program import gate_action
 from stabilizer.tableau import tableau as T
 from stabilizer.tableau.simulator import TableauSimulator
