@@ -10,7 +10,7 @@ of events over 1 ms are written beside the results). An A/B of two source trees 
 SRC set to each (experiments/README.md, "The insert kernel's fold as a loop").
 
     SRC=<tree holding pauliprop> CASES=ki,ising8 TAG=new VARIANTS='{"base": {}, "base2": {}}' OUT=<dir> \
-        python experiments/gpu_compile_parts.py
+        python experiments/probes/gpu_compile_parts.py
 
 FUSED='{"NUM_WARPS": 8}' sets the fused kernels' constants before anything is traced (an A/B of kernel shapes).
 """
@@ -20,7 +20,7 @@ os.environ["PAULIPROP_NO_CACHE"] = "1"
 SRC = os.environ.get("SRC")
 if SRC:
     sys.path.insert(0, SRC)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # probes/, experiments/
 import jax
 jax.config.update("jax_enable_x64", True)
 import numpy as np

@@ -9,14 +9,14 @@ case their sum and largest. XLA compiles the same IR with its own copy of Triton
 proxy on this CPU, for comparing kernel code, not the H100 host's figures (gpu_compile_parts.py is).
 
     TRITON_PYTHON=/tmp/tv/bin/python SRC=<tree holding pauliprop> FUSED='{"NUM_WARPS": 8}' TAG=w8 \\
-        python experiments/triton_kernel_cost.py --out experiments/results/triton_kernel_cost_DATE.json
+        python experiments/probes/triton_kernel_cost.py --out experiments/results/triton_kernel_cost_DATE.json
 """
 import argparse, json, os, platform, re, subprocess, sys, tempfile, time
 
 SRC = os.environ.get("SRC")
 if SRC:
     sys.path.insert(0, SRC)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # probes/, experiments/
 import jax
 
 jax.config.update("jax_enable_x64", True)

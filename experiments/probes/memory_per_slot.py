@@ -7,9 +7,9 @@ buffer is 8 W + 12 bytes: words, coefficient, meta), the outputs (donated: alias
 and XLA's temporaries (every scratch array live at the peak of its buffer assignment). Issue 20's
 target is 120 bytes a slot in all, in float64.
 
-    python experiments/memory_per_slot.py --capacities 14,16,18
-    python experiments/memory_per_slot.py --capacities 20,22 --truncation max_terms
-    python experiments/memory_per_slot.py --capacities 16 --truncation max_terms --breakdown
+    python experiments/probes/memory_per_slot.py --capacities 14,16,18
+    python experiments/probes/memory_per_slot.py --capacities 20,22 --truncation max_terms
+    python experiments/probes/memory_per_slot.py --capacities 16 --truncation max_terms --breakdown
 
 --breakdown also lists, from XLA's dump of the program's buffer assignment (hlo_memory.py), the arrays
 live together at its memory peak and the places of its temporary allocation, each with its shape, bytes
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # probes/, experiments/
 
 import jax  # noqa: E402
 

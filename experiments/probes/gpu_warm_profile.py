@@ -9,7 +9,7 @@ after each operation, summed). With command buffers on (the default, as users ru
 kernel of the CUDA graph once: `--no-command-buffers` compiles the program without them so that every launch
 is seen (the run is slower then: each launch waits for the host).
 
-    python experiments/gpu_warm_profile.py --cases ki,ising4,ising8 --out experiments/results/gpu_warm_profile_h100_<date>.json
+    python experiments/probes/gpu_warm_profile.py --cases ki,ising4,ising8 --out experiments/results/gpu_warm_profile_h100_<date>.json
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ os.environ.setdefault("PAULIPROP_HOST_FIRST", "0")
 # no stored programs: they are keyed by pauliprop's source, not by the constants --fused sets (an A/B of two
 # constants in one machine would time the first one's program twice)
 os.environ["PAULIPROP_NO_CACHE"] = "1"
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # probes/, experiments/
 
 import jax  # noqa: E402
 

@@ -1,16 +1,16 @@
 """Where the stabilizer's time goes, step by step (issue 18), one GPU process:
 
-    python experiments/stabilizer_steps_probe.py packed    # d = 5, 1e6 shots (SHOTS=...): the chunk program, the
+    python experiments/probes/stabilizer_steps_probe.py packed    # d = 5, 1e6 shots (SHOTS=...): the chunk program, the
                                                      # page-locked copy, np.asarray, the copy into the output
-    python experiments/stabilizer_steps_probe.py measure   # 10,000 qubits (NQ=...): gates, measure-all, a block's
+    python experiments/probes/stabilizer_steps_probe.py measure   # 10,000 qubits (NQ=...): gates, measure-all, a block's
                                                      # plan and apply (KMODE=pallas|jax) (QuaSARQ: stabilizer_bench.py,
                                                      # which runs it in a subprocess: it aborts here);
                                                      # PROFILE=1: the device's kernels of measure-all and gates
-    python experiments/stabilizer_steps_probe.py measure-compile   # measure-all's program at NQ qubits: lowering and
+    python experiments/probes/stabilizer_steps_probe.py measure-compile   # measure-all's program at NQ qubits: lowering and
                                                      # compiling alone, the persistent cache off
-    python experiments/stabilizer_steps_probe.py phases    # TableauSimulator.do on the measure-all circuit, its host
+    python experiments/probes/stabilizer_steps_probe.py phases    # TableauSimulator.do on the measure-all circuit, its host
                                                      # steps apart (each waited for), beside the whole call
-    python experiments/stabilizer_steps_probe.py timeline  # one measure-all run under the profiler (FULL=0: gates
+    python experiments/probes/stabilizer_steps_probe.py timeline  # one measure-all run under the profiler (FULL=0: gates
                                                      # only): the device's kernels in order around the middle
                                                      # block, where the device idles, the host's events
 
@@ -20,7 +20,7 @@ For an A/B of a change, run a mode against the previous commit's package first o
 Writes probe_<mode>.json under $OUT (default /tmp). Run from the repository root."""
 import json, os, sys, time
 import numpy as np
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # probes/, experiments/
 import jax, jax.numpy as jnp
 from stabilizer_bench import surface_circuit_text, random_circuit
 import stabilizer as st

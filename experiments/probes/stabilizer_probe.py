@@ -1,14 +1,14 @@
 """Where a detector sampler's first call and its host copies spend their time (issue 18).
 
-  python experiments/stabilizer_probe.py first-call --out results/x.json
+  python experiments/probes/stabilizer_probe.py first-call --out results/x.json
       d = 5 surface code (rounds 5, p = 1e-3): first and second `sample` of 1e5 and 1e6 shots, bit-packed
       and bool, with JAX's compile log on stderr (which program compiled, and for how long); then the
       device-to-host copy of 16 MB, 165 MB and 1.44 GB through np.asarray (pageable memory) and through
       `jax.device_put` into pinned host memory.
-  XLA_FLAGS=... python experiments/stabilizer_probe.py compile --words 32768
+  XLA_FLAGS=... python experiments/probes/stabilizer_probe.py compile --words 32768
       the compilation of the d = 5 frame program alone for `words` words (32 shots each): run it once per
       XLA flag set to see which compiler stage grows with the shot count.
-  python experiments/stabilizer_probe.py profile --distance 17 --shots 100000
+  python experiments/probes/stabilizer_probe.py profile --distance 17 --shots 100000
       the warm frame program of one chunk under JAX's profiler: the ops it runs, the device's kernels
       (count and time by name), device-to-host copies (each a wait for the host), and how much of the
       span the device was busy: per op, what the program costs beyond its arithmetic.
@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # probes/, experiments/
 from benchtools import device_kernels  # noqa: E402
 
 

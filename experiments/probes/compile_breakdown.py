@@ -8,8 +8,8 @@ share of the compilation shows; nothing runs. Each row also counts the compiled 
 Workloads: `ppjl` (min_abs_coeff 1e-4, max_weight 8, 2^16 slots: the 17-angle sweep's program) and
 `pauli-prop` (max_terms 1e5 per gate, min_abs_coeff 1e-5, 2^17 slots: kicked_ising.py's program).
 
-    python experiments/compile_breakdown.py --out results/compile_breakdown_h100_DATE.json
-    python experiments/compile_breakdown.py --workload pauli-prop --out results/compile_breakdown_cpu_DATE.json
+    python experiments/probes/compile_breakdown.py --out results/compile_breakdown_h100_DATE.json
+    python experiments/probes/compile_breakdown.py --workload pauli-prop --out results/compile_breakdown_cpu_DATE.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 os.environ["PAULIPROP_NO_CACHE"] = "1"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # probes/, experiments/
 
 import jax  # noqa: E402
 
