@@ -7,7 +7,7 @@ Ising at pi/4) and `isingL` (2D Ising L x L); and `chainN`, large_n.py's local c
 variant compiles the same lowered program again after jax.clear_caches() and runs it RUNS times (the first
 variant under jax.profiler when PROF=1: its compile is slower by the profiler; the aggregate and a timeline
 of events over 1 ms are written beside the results). An A/B of two source trees runs this once per tree with
-SRC set to each (experiments/README.md, "The insert kernel's fold as a loop").
+SRC set to each (experiments/HISTORY.md, "The insert kernel's fold as a loop").
 
     SRC=<tree holding pauliprop> CASES=ki,ising8 TAG=new VARIANTS='{"base": {}, "base2": {}}' OUT=<dir> \
         python experiments/probes/gpu_compile_parts.py

@@ -55,7 +55,7 @@ mlir_dialects.register()  # the kernels' lowering without a failed import an op
 
 BLOCK = 1024  # words a program handles
 # 8 warps: 4 of a block's words a thread, where 4 warps held 8, so LLVM and ptxas see each op half as often. With
-# the loops in the mix's table clear and in `offsets` (one H100, 2026-12-06, experiments/README): the kicked
+# the loops in the mix's table clear and in `offsets` (one H100, 2026-12-06, experiments/HISTORY): the kicked
 # Ising's program compiled in 1.2-2.1 s against 1.9-2.7 s, and every workload ran 2.7-6% faster warm (on 4 warps
 # those loops alone ran the 8x8 0.9% slower)
 NUM_WARPS = 8
@@ -416,7 +416,7 @@ def _turning(w, valid, step, single, few, down, row, gx, gz, fold, rotation_at, 
 
     def each(m):  # a layer of at most FEW rotations: each one's parity over its support (a few ALU ops a
         # rotation, where the fold reads its byte tables 4 W times a lane; its A/B on one H100, 2026-12-07, 1.5%
-        # faster warm, may have timed one stored program twice: experiments/README, "Parking")
+        # faster warm, may have timed one stored program twice: experiments/HISTORY, "Parking")
         out = [jnp.zeros_like(m[0]) for _ in range(lanes)]
         for j in range(min(FEW, most)):
             r = row * most + j

@@ -20,7 +20,7 @@ stop instead of cutting: with `stop=True` a result that does not fit the capacit
 max_terms cut brings under it) is not made; the last output says how many slots it needed, and the
 caller grows the buffer and resumes there (propagate.py) instead of losing terms.
 
-Measured (DESIGN.md section 4 and experiments/README.md): XLA sorts one uint64 key fast on both
+Measured (DESIGN.md section 4 and experiments/HISTORY.md): XLA sorts one uint64 key fast on both
 backends, but a key with a payload 6x slower on CPUs; so on CPUs the slot index is packed into the
 key's low bits, and on GPUs it is a payload. Words of up to 16 qubits are their own key (`exact`).
 Longer ones sort by a fingerprint, which can collide: equal keys are checked word by word and a

@@ -582,7 +582,7 @@ SWEEP = 4  # GPUs: Clifford gates an iteration of a run's gate-by-gate map (kick
 # A pass's mix by the kernels of fused.py ("gpu"; "interpret": by Pallas's interpreter, for tests), or by XLA ("")
 FUSED = {"gpu": "gpu"}
 # the most lanes (32 qubits each) a program's words may have for the fused kernels: their code is unrolled over the
-# lanes, and Triton's compile grows faster than it (this 2-core AMD, triton 3.9 for sm_90, experiments/README: the
+# lanes, and Triton's compile grows faster than it (this 2-core AMD, triton 3.9 for sm_90, experiments/HISTORY: the
 # largest kernel 1.1 s at 4 lanes, 1.6 s at 8, 4.2 s at 16; at 157 lanes a GPU call did not return in 245 s). Wider
 # words run on XLA's passes, whose program does not grow with the lanes
 FUSED_MAX_LANES = 8
