@@ -48,7 +48,6 @@ from .frames.sampler import (
 from .tableau.simulator import TableauSimulator
 
 
-
 def __getattr__(name: str):
     if name == "SinterSampler":  # sinter is optional: imported when the sampler is first asked for
         from .sinter_sampler import SinterSampler

@@ -4,6 +4,7 @@ experiments/readme_table.py generates from the results files: a figure changes o
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +33,6 @@ def test_the_results_page_is_generated_from_the_results_files():
 
 def test_every_results_file_the_page_names_exists_and_every_command_names_a_script():
     module = _module()
-    import re
-
     block = module.page()
     for name in set(re.findall(r"`([\w.-]+\.json)`", block)):
         assert (REPO_ROOT / "experiments" / "results" / name).is_file(), name
