@@ -136,14 +136,12 @@ def first_call(timing: dict) -> float:
 
 def reverse_mode(c, obs, trunc, capacity: int) -> dict:
     """Which reverse mode value_and_grad takes (adjoint.value_and_grad's rule), with its bytes."""
-    from pauliprop.propagation import engine
-    from pauliprop.propagation.propagate import lowered, observable_support
+    from pauliprop.propagation.propagate import gradient_records
 
-    rows = adjoint.record_rows(lowered(c, trunc, support=observable_support(obs)).units.length)
-    need = rows * engine.record_bytes(capacity, jnp.result_type(float))
+    rows, need = gradient_records(c, obs, trunc, capacity)
     budget = adjoint.record_budget()
-    return {"reverse_mode": "recorded" if need <= budget else "checkpointed", "record_units": rows,
-            "records_bytes": int(need), "record_budget_bytes": int(budget)}
+    return {"reverse_mode": "recorded" if need <= budget else "checkpointed", "record_units": rows.units,
+            "record_rows": rows.full, "records_bytes": int(need), "record_budget_bytes": int(budget)}
 
 
 def part_c(steps: int, capacity: int) -> dict:

@@ -180,13 +180,20 @@ def whole_room_for(backend: str, cut_rooms: int, stop: bool) -> bool:
     return not (backend == "cpu" and cut_rooms == 2 and stop)
 
 
-def layers_for(backend: str, truncation) -> bool:
+def layers_for(backend: str, truncation, traced_capacity: int | None = None) -> bool:
     """Whether a layer of rotations is one LAYER unit (layer_unit) rather than a SPLIT unit each: on
     GPUs, where the truncation is per term (a per-gate max_terms cut is global, so it needs the gates
-    one by one). CPUs keep the rotations one by one: there a pass over the whole buffer costs what
-    the rooms save (kicked Ising, 20 steps at pi/4, 1e-4 and weight 8, 2-core CPU: 6.8 s a call in
-    layers against 1.6 s). Only the forward loop: the reverse mode replays SPLIT units."""
-    return backend != "cpu" and not (truncation.per == "gate" and truncation.max_terms is not None)
+    one by one). CPUs keep the rotations one by one where their buffer has rooms: there a pass over
+    the whole buffer costs what the rooms save (kicked Ising, 20 steps at pi/4, 1e-4 and weight 8,
+    2-core CPU: 6.8 s a call in layers against 1.6 s; at 8 steps after the layers' fibers, 0.41
+    against 0.35 s). A traced program (pp.expectation under jit or grad; the concrete CPU path is the
+    native engine) whose `traced_capacity` is one room sorts the whole buffer at every rotation, so
+    there layers win: 64-qubit TFI, 508 rotations at capacity 4,096, 9-11 ms against 90 ms."""
+    if truncation.per == "gate" and truncation.max_terms is not None:
+        return False
+    if backend != "cpu":
+        return True
+    return traced_capacity is not None and len(rooms_for(traced_capacity, backend)) == 1
 
 
 def rotation_angle(T, rows, params):
@@ -420,7 +427,7 @@ def generator(T, u):
     return j, T["rot_gx"][j], T["rot_gz"][j]
 
 
-def _rotation(buf: Buffer, u, T, params, acts=None, split=True):
+def unit_rotation(buf: Buffer, u, T, params, acts=None, split=True):
     """(angle, generator word, anticommuting live words, their count) of the rotation of unit u.
     acts: a superset of where the live words act (`support`), or None. Where no live word can
     anticommute with the generator (it meets none of their sites: outside the observable's light
@@ -463,14 +470,19 @@ def _split_in(buf: Buffer, u, T, limits, cfg: Config, room: int, rotation, recor
                            moves=record)
     new = Buffer(*out[:3], buf.dropped + out[3])
     if record:
-        own, at, fed, negative = out[4]
-        c = cfg.capacity
-        to = jnp.full(c, c, jnp.int32).at[at].set(fed, mode="drop")
-        neg = jnp.zeros(c, bool).at[at].set(negative, mode="drop")
-        bits = lambda m, b: jnp.where(m, b, 0)
-        code = bits(own, OWN) | bits(ac, TURN) | bits(to < c, FED) | bits(neg, NEG)
-        return new, jnp.int32(0), Record(to, code.astype(jnp.uint8), buf.coeffs)
+        return new, jnp.int32(0), _rotation_record(out[4], ac, buf.coeffs, cfg.capacity)
     return new, (out[4] if cfg.stop else jnp.int32(0))
+
+
+def _rotation_record(moves, turning, coeffs, capacity: int) -> Record:
+    """A rotation's Record from merge.pair_split's moves: each slot keeps its word (OWN, scaled by cos
+    where TURN) and feeds +-sin of its coefficient to `to` (FED, NEG); value: its input coefficient."""
+    own, at, fed, negative = moves
+    to = jnp.full(capacity, capacity, jnp.int32).at[at].set(fed, mode="drop")
+    neg = jnp.zeros(capacity, bool).at[at].set(negative, mode="drop")
+    bits = lambda m, b: jnp.where(m, b, 0)
+    code = bits(own, OWN) | bits(turning, TURN) | bits(to < capacity, FED) | bits(neg, NEG)
+    return Record(to, code.astype(jnp.uint8), coeffs)
 
 
 def _unsplit(buf: Buffer, u=None, **_):
@@ -494,10 +506,70 @@ def split_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     """One rotation exp(-i a/2 G): its splitting words gathered into the smallest room that holds
     them, paired and mixed (merge.pair_split), then the largest-terms cut. (The loop runs the same
     steps with the room chosen in its own switch: apply_unit.)"""
-    rotation = _rotation(buf, u, T, params)
+    rotation = unit_rotation(buf, u, T, params)
     pick = _split_pick(_count(buf.live), rotation[3], cfg)
     buf, need = lax.switch(pick, [lambda b: (b, jnp.int32(0))] + _room_branches(u, T, limits, cfg, rotation), buf)
     return _cap(buf, limits.off_unless(~T["u_defer"][u]), cfg.capacity), need
+
+
+class Layer(NamedTuple):
+    """A LAYER unit's rotations, padded to the 32 W a layer may hold (layer_of)."""
+
+    gx: jax.Array  # (32 W, W) their generators' x lanes
+    gz: jax.Array
+    cos: jax.Array  # (32 W,) of their angles
+    sin: jax.Array
+    present: jax.Array  # (32 W,) bool: the layer's count of them
+    limits: Limits  # the rules its passes apply (off where they wait for the step's end)
+
+
+def layer_of(u, T, params, limits, lanes: int, dtype) -> Layer:
+    most = pauli_words.LANE_BITS * lanes  # at most 32 W rotations a layer (schedule._joins)
+    rows = jnp.minimum(T["u_start"][u] + jnp.arange(most), T["rot_gx"].shape[0] - 1)
+    angle = rotation_angle(T, rows, params).astype(dtype)
+    return Layer(T["rot_gx"][rows], T["rot_gz"][rows], jnp.cos(angle), jnp.sin(angle),
+                 jnp.arange(most) < T["u_count"][u], limits.off_unless(~T["u_defer"][u]))
+
+
+def _layer_anticommuting(buf: Buffer, layer: Layer):
+    """(C, W) uint32, bit i of lane l: the live word anticommutes with the layer's rotation 32 l + i."""
+    lanes = layer.gx.shape[1]
+    ac = (pauli_words.anticommutes(buf.x[:, None, :], buf.z[:, None, :], layer.gx[None], layer.gz[None])
+          & layer.present & buf.live[:, None])
+    bits = ac.reshape(-1, lanes, pauli_words.LANE_BITS).astype(jnp.uint32) << jnp.arange(pauli_words.LANE_BITS,
+                                                                                       dtype=jnp.uint32)
+    return lax.reduce(bits, jnp.uint32(0), lax.bitwise_or, (2,))
+
+
+def layer_passes(buf: Buffer, layer: Layer):
+    """The passes a layer takes: the most of its rotations any live word anticommutes with (shared by a
+    batch). int32 sums: a plain one widens to int64 under x64, which XLA:GPU kept per word."""
+    return shared(jnp.max(jnp.sum(pauli_words.popcount(_layer_anticommuting(buf, layer)), axis=1, dtype=jnp.int32)))
+
+
+def layer_pass(buf: Buffer, layer: Layer, j, cfg: Config, record: bool = False):
+    """Pass j of a layer: every live word turned by its j-th anticommuting rotation of the layer, the
+    turning words in the smallest room that holds them (as a rotation's, _room_pick). Returns (buffer,
+    slots needed if it overflowed (cfg.stop), else 0), and with `record` (not with cfg.stop) the
+    pass's Record (a rotation's, each slot with its own angle) and each slot's rotation in the layer."""
+    gate, turning = pauli_words.nth_set_bit(_layer_anticommuting(buf, layer), j)
+    gens = jnp.concatenate([layer.gx, layer.gz], -1)
+
+    def in_room(b, room):
+        out = merge.pair_split(b.words, b.coeffs, b.meta, turning, gens[gate], layer.cos[gate], layer.sin[gate],
+                               layer.limits, cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
+                               report_collisions=cfg.report_collisions, moves=record)
+        new = Buffer(*out[:3], b.dropped + out[3])
+        if record:
+            return new, jnp.int32(0), _rotation_record(out[4], turning, b.coeffs, cfg.capacity)
+        return new, (out[4] if cfg.stop else jnp.int32(0))
+
+    def no_turn(b):
+        return (b, jnp.int32(0)) + ((_unsplit(b)[2],) if record else ())
+
+    out = lax.switch(_room_pick(_count(turning), cfg.rooms[:-1]),
+                     [no_turn] + [partial(in_room, room=r) for r in cfg.rooms], buf)
+    return out + ((gate,) if record else ())
 
 
 def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
@@ -507,47 +579,23 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
 
     Commuting rotations make each word's set of anticommuting rotations the same for every word its
     rotations reach (its fiber), and the fibers do not meet. Pass j turns every word by its j-th
-    anticommuting rotation in the layer's order (merge.pair_split with a generator a word): each
-    fiber then sees its rotations in order, pairs meet only inside a fiber, and the per-term rules
-    (min_abs_coeff, max_weight, max_sins) drop what they drop gate by gate. A pass costs one sort
-    of its turning words (in the smallest room that holds them), so a layer of 127 RX under
-    max_weight 8 is at most 8 passes, not 127 units. The largest-terms cut is
-    global, so a layer holds none (units() makes layers only where per-gate max_terms is absent).
-    With cfg.stop, a pass that would overflow (or that reports a collision) leaves the layer
-    unapplied: the caller grows the buffer (or orders exactly) and resumes at this unit."""
-    lanes = buf.words.shape[1] // 2
-    most = pauli_words.LANE_BITS * lanes  # at most 32 W rotations a layer (schedule._joins)
-    start, count = T["u_start"][u], T["u_count"][u]
-    rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
-    in_layer = jnp.arange(most) < count
-    gx, gz = T["rot_gx"][rows], T["rot_gz"][rows]
-    angle = rotation_angle(T, rows, params).astype(buf.coeffs.dtype)
-    gens, cos, sin = jnp.concatenate([gx, gz], -1), jnp.cos(angle), jnp.sin(angle)
-    rule_limits = limits.off_unless(~T["u_defer"][u])
-    shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)
-
-    def anticommuting(b):
-        """(C, W) uint32, bit i of lane l: the live word anticommutes with the layer's rotation 32 l + i."""
-        ac = pauli_words.anticommutes(b.x[:, None, :], b.z[:, None, :], gx[None], gz[None]) & in_layer & b.live[:, None]
-        bits = ac.reshape(-1, lanes, pauli_words.LANE_BITS).astype(jnp.uint32) << shifts
-        return lax.reduce(bits, jnp.uint32(0), lax.bitwise_or, (2,))
-
-    def in_room(b, gate, turning, room):
-        out = merge.pair_split(b.words, b.coeffs, b.meta, turning, gens[gate], cos[gate], sin[gate], rule_limits,
-                               cfg.capacity, room, stop=cfg.stop, exact=cfg.exact,
-                               report_collisions=cfg.report_collisions)
-        return Buffer(*out[:3], b.dropped + out[3]), (out[4] if cfg.stop else jnp.int32(0))
+    anticommuting rotation in the layer's order (layer_pass: merge.pair_split with a generator a
+    word): each fiber then sees its rotations in order, pairs meet only inside a fiber, and the
+    per-term rules (min_abs_coeff, max_weight, max_sins) drop what they drop gate by gate. A pass
+    costs one sort of its turning words (in the smallest room that holds them), so a layer of 127 RX
+    under max_weight 8 is at most 8 passes, not 127 units (and at most one a rotation of the layer).
+    The largest-terms cut is global, so a layer holds none (units() makes layers only where per-gate
+    max_terms is absent). With cfg.stop, a pass that would overflow (or that reports a collision)
+    leaves the layer unapplied: the caller grows the buffer (or orders exactly) and resumes at this
+    unit. Reverse mode records the passes one by one (adjoint.py)."""
+    layer = layer_of(u, T, params, limits, buf.words.shape[1] // 2, buf.coeffs.dtype)
 
     def step(state):
         j, b, need = state
-        gate, turning = pauli_words.nth_set_bit(anticommuting(b), j)
-        # the turning words in the smallest room that holds them, as a rotation's (_room_pick)
-        b, need = lax.switch(_room_pick(_count(turning), cfg.rooms[:-1]), [lambda b, g, t: (b, jnp.int32(0))]
-                             + [partial(in_room, room=r) for r in cfg.rooms], b, gate, turning)
+        b, need = layer_pass(b, layer, j, cfg)
         return j + 1, b, need
 
-    # int32 sums: a plain one widens to int64 under x64, which XLA:GPU kept per word (8 bytes a slot)
-    passes = shared(jnp.max(jnp.sum(pauli_words.popcount(anticommuting(buf)), axis=1, dtype=jnp.int32)))
+    passes = layer_passes(buf, layer)
     _, out, need = lax.while_loop(lambda st: (st[0] < passes) & (st[2] == 0), step, (jnp.int32(0), buf, jnp.int32(0)))
     if not cfg.stop:
         return out, jnp.int32(0)
@@ -599,27 +647,29 @@ UNIT_FUNCTIONS = {schedule.U_MERGE: merge_unit, schedule.U_CLIFFORD: clifford_un
 
 
 def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, active=True, acts=None,
-               record: bool = False):
+               record: bool = False, rotation=None):
     """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0), and
-    with `record` (not with cfg.stop) the unit's Record as a third entry.
+    with `record` (not with cfg.stop) the unit's Record as a third entry (a LAYER unit is a no-op
+    then: its passes record one by one, layer_unit's on_pass).
 
     One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
     picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
     copy of the buffer on CPUs and a wait for the host on GPUs), then the largest-terms cut after a
     rotation. live_count: the buffer's live words, when the caller knows it. acts: a superset of
-    the live words' `support`, when the caller keeps one. Inactive: a no-op."""
-    if record and (cfg.stop or schedule.U_LAYER in cfg.units):
-        raise ValueError("units record their maps only in programs that cut (no stop) and have no LAYER units")
+    the live words' `support`, when the caller keeps one. rotation: the unit's `unit_rotation`, when the
+    caller has it. Inactive: a no-op."""
+    if record and cfg.stop:
+        raise ValueError("units record their maps only in programs that cut (no stop)")
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
     split = kind == schedule.U_SPLIT
-    rotation = _rotation(buf, u, T, params, acts, split & active)
+    rotation = unit_rotation(buf, u, T, params, acts, split & active) if rotation is None else rotation
     pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
     index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), schedule.U_NOOP)
     common = dict(T=T, params=params, limits=limits, cfg=cfg, **({"record": True} if record else {}))
-    branches = [partial(UNIT_FUNCTIONS[k] if k in cfg.units and k != schedule.U_SPLIT else noop_unit, u=u, **common)
-                for k in range(kinds)]
+    own_code = [k for k in cfg.units if k != schedule.U_SPLIT and not (record and k == schedule.U_LAYER)]
+    branches = [partial(UNIT_FUNCTIONS[k] if k in own_code else noop_unit, u=u, **common) for k in range(kinds)]
     if record:
         branches[schedule.U_SPLIT] = _unsplit
     if schedule.U_SPLIT in cfg.units:
