@@ -156,7 +156,7 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
     `write` (or where they changed nothing after all) to the stack's last row, a scratch row: the
     stack never enters a conditional, which XLA:CPU copies whole at each one unless copy insertion runs
     its region analysis (a user's own jax.jit: 160 s a call for the kicked Ising's 1 GB of rows
-    instead of 0.4 s), nor a loop of its own per unit (XLA:CPU copies the buffer into it)."""
+    instead of 0.4 s), nor a loop of its own per unit but a layer (XLA:CPU copies the buffer into one)."""
     layers = schedule.U_LAYER in cfg.units
     lanes, dtype = state[0].words.shape[1] // 2, state[0].coeffs.dtype
     scratch = stack.unit.shape[0] - 1
@@ -193,10 +193,9 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
         return lax.cond(shared(T["u_kind"][u] == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
                         lambda: engine.support(b))
 
-    def skip(i, b, acts, terms, at_start):
+    def skip(i, b, acts, terms):
         """Past the units from first + i on that change nothing, in a loop whose carry holds no buffer (a
-        unit that changes nothing writes no row, and runs no code beyond its test). Not between the
-        passes of a layer (at_start False)."""
+        unit that changes nothing writes no row, and runs no code beyond its test)."""
         live = count(b.live)
 
         def go(c):
@@ -204,43 +203,44 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
             u = (first + i).astype(jnp.int32)
             return i + 1, after(u, b, acts), terms.at[i].set(live)
 
-        return lax.while_loop(lambda c: at_start & (c[0] < n) & idle(c[0], b, c[1])[0], go, (i, acts, terms))
+        return lax.while_loop(lambda c: (c[0] < n) & idle(c[0], b, c[1])[0], go, (i, acts, terms))
 
     def step(carry):
-        """One row: a unit's, or pass j of a layer's (one loop over rows, not a loop of passes in a loop of
-        units: XLA:CPU copies the stack into a nested loop)."""
-        i, j, passes, (b, peak, acts), stack, k, terms = carry
-        i, acts, terms = skip(i, b, acts, terms, j == 0)
+        """One unit: its row, or a layer's passes (a loop of rows: on GPUs, a test of the host a row
+        rather than the several a row in one loop over all rows)."""
+        i, (b, peak, acts), stack, k, terms = carry
+        i, acts, terms = skip(i, b, acts, terms)
         active = i < n  # past the last unit: a no-op whose row goes to the scratch row
         u = jnp.minimum(first + i, T["u_kind"].shape[0] - 1).astype(jnp.int32)
         rotation = idle(i, b, acts)[1]
         if layers:
             layer = engine.layer_of(u, T, params, limits, lanes, dtype)
             is_layer = shared(active & (T["u_kind"][u] == schedule.U_LAYER))
-            passes = jnp.where(j == 0, lax.cond(is_layer, lambda b: engine.layer_passes(b, layer),
-                                                lambda b: jnp.int32(1), b), passes)
+            passes = lax.cond(is_layer, lambda b: engine.layer_passes(b, layer), lambda b: jnp.int32(1), b)
             no_gate = jnp.zeros(b.coeffs.shape, _gate_dtype(lanes))
 
-            def pass_(b):
-                b, _, rec, gate = engine.layer_pass(b, layer, j, cfg, record=True)
-                return b, rec, _unturned(rec), gate.astype(no_gate.dtype)
+            def row(j, c):  # the unit's row, or the layer's pass j
+                b, stack, k = c
 
-            b, rec, same, gate = lax.cond(is_layer, pass_,
-                                          lambda b: unit_row(b, u, acts, rotation, active) + (no_gate,), b)
-            stack, k = keep(stack, k, rec, u, same, gate)
+                def pass_(b):
+                    b, _, rec, gate = engine.layer_pass(b, layer, j, cfg, record=True)
+                    return b, rec, _unturned(rec), gate.astype(no_gate.dtype)
+
+                b, rec, same, gate = lax.cond(is_layer, pass_,
+                                              lambda b: unit_row(b, u, acts, rotation, active) + (no_gate,), b)
+                stack, k = keep(stack, k, rec, u, same, gate)
+                return b, stack, k
+
+            b, stack, k = lax.fori_loop(0, passes, row, (b, stack, k))
         else:
             b, rec, same = unit_row(b, u, acts, rotation, active)
             stack, k = keep(stack, k, rec, u, same)
-        done = j + 1 >= passes  # the unit's last row
         live = count(b.live)
-        at = jnp.minimum(i, size - 1)
-        terms = terms.at[at].set(jnp.where(active & done, live, terms[at]))
-        acts = jax.tree_util.tree_map(lambda x, y: jnp.where(done, x, y), after(u, b, acts), acts)
-        return (jnp.where(done, i + 1, i), jnp.where(done, 0, j + 1), passes, (b, jnp.maximum(peak, live), acts),
-                stack, k, terms)
+        terms = terms.at[jnp.minimum(i, size - 1)].set(jnp.where(active, live, terms[jnp.minimum(i, size - 1)]))
+        return i + 1, (b, jnp.maximum(peak, live), after(u, b, acts)), stack, k, terms
 
-    _, _, _, state, stack, k, terms = lax.while_loop(
-        lambda c: c[0] < n, step, (jnp.int32(0), jnp.int32(0), jnp.int32(1), state, stack, k, jnp.zeros(size, jnp.int32)))
+    _, state, stack, k, terms = lax.while_loop(lambda c: c[0] < n, step,
+                                               (jnp.int32(0), state, stack, k, jnp.zeros(size, jnp.int32)))
     return state, stack, k, terms
 
 
