@@ -650,7 +650,7 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
                record: bool = False, rotation=None):
     """(buffer after unit u, the slots it needed if it overflowed and was not applied, else 0), and
     with `record` (not with cfg.stop) the unit's Record as a third entry (a LAYER unit is a no-op
-    then: its passes record one by one, layer_unit's on_pass).
+    then: adjoint.py records its passes one by one, layer_pass).
 
     One `lax.switch` whose branches are the unit kinds, a rotation's once per room (its room is
     picked with its kind: one conditional a rotation, not two nested ones, each of which costs a
