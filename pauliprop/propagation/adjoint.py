@@ -136,8 +136,8 @@ def _put(stack: Stack, k, rec: engine.Record, u, gate=None) -> Stack:
     """stack with row k = (rec, gate, u)."""
     row = lambda a, r: lax.dynamic_update_slice(a, r[None].astype(a.dtype), (k, jnp.int32(0)))
     gates = stack.gates
-    if gates is not None:
-        gates = row(gates, gate if gate is not None else jnp.zeros(rec.to.shape, gates.dtype))
+    if gates is not None:  # programs with layers: every row has its gates (zeros but a layer's pass)
+        gates = row(gates, gate)
     return Stack(jax.tree_util.tree_map(row, stack.recs, rec), gates, stack.unit.at[k].set(u))
 
 
@@ -185,13 +185,7 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
         return ~shared(~(noop | ((kind == schedule.U_SPLIT) & (rotation[3] == 0)))), rotation
 
     def after(u, b, acts):
-        """Where the live words act after unit u, as engine.run keeps it: a rotation adds its generator's
-        sites, other units move words."""
-        if not cfg.skip_unmet:
-            return acts
-        _, gx, gz = engine.generator(T, u)
-        return lax.cond(shared(T["u_kind"][u] == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
-                        lambda: engine.support(b))
+        return engine.acts_after(T, u, b, acts) if cfg.skip_unmet else acts
 
     def skip(i, b, acts, terms):
         """Past the units from first + i on that change nothing, in a loop whose carry holds no buffer (a
@@ -214,7 +208,7 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
         u = jnp.minimum(first + i, T["u_kind"].shape[0] - 1).astype(jnp.int32)
         rotation = idle(i, b, acts)[1]
         if layers:
-            layer = engine.layer_of(u, T, params, limits, lanes, dtype)
+            layer = engine.layer_of(u, T, params, limits, dtype)
             is_layer = shared(active & (T["u_kind"][u] == schedule.U_LAYER))
             passes = lax.cond(is_layer, lambda b: engine.layer_passes(b, layer), lambda b: jnp.int32(1), b)
             no_gate = jnp.zeros(b.coeffs.shape, _gate_dtype(lanes))
@@ -277,10 +271,9 @@ def row_backward(rec: engine.Record, gate, u, lam, T, params, d_rot):
         return out, d_rot.at[j].add(jnp.sum(d))
 
     def layer_pass(lam, to_lam):
-        most = pauli_words.LANE_BITS * (T["rot_gx"].shape[1])
-        rows = jnp.minimum(T["u_start"][u] + jnp.arange(most), rot_rows - 1)
+        rows = engine.layer_rotations(u, T)
         angle = engine.rotation_angle(T, rows, params).astype(lam.dtype)
-        g = jnp.minimum(gate.astype(jnp.int32), most - 1)
+        g = jnp.minimum(gate.astype(jnp.int32), rows.shape[0] - 1)
         out, d = turned(lam, to_lam, jnp.cos(angle)[g], jnp.sin(angle)[g])
         return out, d_rot.at[jnp.where(has(TURN), rows[g], rot_rows)].add(d, mode="drop")
 

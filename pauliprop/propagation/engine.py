@@ -421,6 +421,15 @@ def support(buf: Buffer):
     return lax.reduce(jnp.where(buf.live[:, None], buf.words, jnp.uint32(0)), jnp.uint32(0), lax.bitwise_or, (0,))
 
 
+def acts_after(T, u, buf: Buffer, acts):
+    """Where the live words act after unit u (buf: its output), from `acts` before it, kept as a superset
+    (cfg.skip_unmet): a rotation's new words act on its generator's sites too, truncation only removes
+    words; other units move words: the OR of the live ones (`support`)."""
+    _, gx, gz = generator(T, u)
+    return lax.cond(shared(T["u_kind"][u] == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
+                    lambda: support(buf))
+
+
 def generator(T, u):
     """(the rotation table's row of unit u, clamped into the table, and its generator's x and z lanes)."""
     j = jnp.minimum(T["u_start"][u], T["rot_gx"].shape[0] - 1)
@@ -523,9 +532,16 @@ class Layer(NamedTuple):
     limits: Limits  # the rules its passes apply (off where they wait for the step's end)
 
 
-def layer_of(u, T, params, limits, lanes: int, dtype) -> Layer:
-    most = pauli_words.LANE_BITS * lanes  # at most 32 W rotations a layer (schedule._joins)
-    rows = jnp.minimum(T["u_start"][u] + jnp.arange(most), T["rot_gx"].shape[0] - 1)
+def layer_rotations(u, T):
+    """The rotation-table rows of LAYER unit u's rotations, padded (clamped into the table) to the 32 W a
+    layer may hold (schedule._joins)."""
+    most = pauli_words.LANE_BITS * T["rot_gx"].shape[1]
+    return jnp.minimum(T["u_start"][u] + jnp.arange(most), T["rot_gx"].shape[0] - 1)
+
+
+def layer_of(u, T, params, limits, dtype) -> Layer:
+    rows = layer_rotations(u, T)
+    most = rows.shape[0]
     angle = rotation_angle(T, rows, params).astype(dtype)
     return Layer(T["rot_gx"][rows], T["rot_gz"][rows], jnp.cos(angle), jnp.sin(angle),
                  jnp.arange(most) < T["u_count"][u], limits.off_unless(~T["u_defer"][u]))
@@ -588,7 +604,7 @@ def layer_unit(buf: Buffer, u, T, params, limits, cfg: Config):
     max_terms is absent). With cfg.stop, a pass that would overflow (or that reports a collision)
     leaves the layer unapplied: the caller grows the buffer (or orders exactly) and resumes at this
     unit. Reverse mode records the passes one by one (adjoint.py)."""
-    layer = layer_of(u, T, params, limits, buf.words.shape[1] // 2, buf.coeffs.dtype)
+    layer = layer_of(u, T, params, limits, buf.coeffs.dtype)
 
     def step(state):
         j, b, need = state
@@ -724,12 +740,8 @@ def run(T: dict, buf: Buffer, start, params, limits: Limits, cfg: Config):
         advance = active & (need == 0)
         count = _count(b.live)
         terms = terms.at[u].set(jnp.where(advance, count, terms[u]))
-        if cfg.skip_unmet:  # where the live words act, kept as a superset: a rotation's new words act
-            # on its generator's sites too, truncation only removes words; other units move words: their OR
-            kind = T["u_kind"][jnp.minimum(u, num_units - 1)]
-            _, gx, gz = generator(T, u)
-            acts = lax.cond(shared(kind == schedule.U_SPLIT), lambda: acts | jnp.concatenate([gx, gz]),
-                            lambda: support(b))
+        if cfg.skip_unmet:
+            acts = acts_after(T, jnp.minimum(u, num_units - 1), b, acts)
         return jnp.where(advance, u + 1, u), b, need, terms, jnp.maximum(peak, count), count, acts
 
     def body(carry):

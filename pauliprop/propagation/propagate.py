@@ -407,20 +407,11 @@ def _merge_observable(low: Lowered, obs: PauliSum, truncation: Truncation, limit
 
 
 def _one_term_merged(obs: PauliSum, truncation: Truncation, dtype, slots: int) -> tuple[engine.Buffer, int]:
-    """The merge of a one-term observable (a single Pauli, the common case), on the host: nothing to
-    sum, and max_terms >= 1 cuts nothing, so only max_weight and min_abs_coeff can drop the term,
-    charged as the merge charges them (a term is charged to its first rule, as in
-    truncation.violations). The merge program's result, without compiling it (0.5-0.7 s of a fresh
-    process on the 2-core CPU; on GPUs its copy to the device stays)."""
-    buf = _initial_buffer(obs, slots, dtype)
-    limits = truncation.limits(dtype)  # the values the program compares with, in its dtypes
-    mag = np.abs(buf.coeffs[0])
-    sites = buf.words[0, :obs.num_lanes] | buf.words[0, obs.num_lanes:]
-    heavy = limits.max_weight is not None and int(np.unpackbits(sites.view(np.uint8)).sum()) > limits.max_weight
-    small = limits.min_abs_coeff is not None and not heavy and bool(mag < limits.min_abs_coeff)
-    if heavy or small:
-        buf.dropped[0 if heavy else 1] = mag
-        buf.words[0], buf.coeffs[0], buf.meta[0] = 0, 0, 0
+    """The merge of a one-term observable (a single Pauli, the common case), on the host
+    (`_merged_on_host`: max_terms >= 1 cuts nothing, so only max_weight and min_abs_coeff can drop
+    the term). The merge program's result, without compiling it (0.5-0.7 s of a fresh process on the
+    2-core CPU; on GPUs its copy to the device stays)."""
+    buf = _merged_on_host(obs, truncation, slots, dtype)
     return buf, np.int32(buf.meta[0])
 
 
@@ -1217,7 +1208,7 @@ def _merged_on_host(obs: PauliSum, truncation: Truncation, capacity: int, dtype)
     small = (mag < np.asarray(limits.min_abs_coeff)) & ~heavy if limits.min_abs_coeff is not None else np.zeros(u, bool)
     keep = ~heavy & ~small
     full = np.zeros((capacity, 2 * w), np.uint32)
-    full[:u] = distinct
+    full[:u] = distinct if xp is jnp else np.where(keep[:, None], distinct, 0)  # as the program: no dropped word
     pad = lambda a: xp.concatenate([a, xp.zeros(capacity - u, a.dtype)])
     dropped = xp.stack([xp.sum(xp.where(heavy, mag, 0)), xp.sum(xp.where(small, mag, 0))]).astype(dtype)
     return engine.Buffer(full, pad(xp.where(keep, summed, 0).astype(dtype)), pad(keep.astype(np.int32)),
