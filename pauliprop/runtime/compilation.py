@@ -18,6 +18,7 @@ same switch: PAULIPROP_NO_CACHE turns both off).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import os
@@ -225,6 +226,25 @@ except ImportError:
     pass
 
 
+HIT = "/jax/compilation_cache/cache_hits"  # jax.monitoring's event of a program read from JAX's cache
+
+
+@contextlib.contextmanager
+def _jax_cache_hits():
+    """A list that gets an entry for each program JAX's persistent cache supplies in this thread while open."""
+    me, hits = threading.get_ident(), []
+
+    def listen(event, **_):
+        if event == HIT and threading.get_ident() == me:
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        yield hits
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+
+
 class Jitted:
     """jax.jit(fn, compiler_options=options, **kw), with two additions.
 
@@ -253,8 +273,14 @@ class Jitted:
         return path, (_load(path) if path is not None and path.exists() else None)
 
     def _compiled_and_stored(self, args, path: Path | None):
-        compiled = self._jitted.lower(*args).compile()
-        if path is not None:
+        """Compiled, and stored unless JAX's persistent cache supplied the executable: XLA:CPU serializes
+        an executable it loaded from there without some of its kernels, so a later process loading that
+        file fails at its first run ("NOT_FOUND: Function subtract_sqrt_fusion not found": the key of a
+        program whose code is unchanged after an upgrade, or past MAX_PROGRAMS). That program is traced
+        and served by JAX's cache again in a later process, correct, if not as fast."""
+        with _jax_cache_hits() as hits:
+            compiled = self._jitted.lower(*args).compile()
+        if path is not None and not hits:
             _store(path, compiled)
         return compiled
 

@@ -5,7 +5,7 @@
   engine's programs alone (nothing for building the observable or returning the value).
 * A program given a key is stored whole and a later process (or this one, once its executables are
   released) loads it without tracing; a broken file is compiled again; the store keeps at most
-  MAX_PROGRAMS files.
+  MAX_PROGRAMS files; an executable JAX's cache supplied is not stored (XLA:CPU drops kernels re-serializing it).
 * One long process over many distinct small circuits compiles a bounded set of programs: after the
   first circuits, new ones reuse what is compiled (no growth in programs or memory maps).
 """
@@ -76,10 +76,15 @@ def test_a_second_process_compiles_nothing(tmp_path):
     second = _job({"PAULIPROP_CACHE_DIR": str(cache)})
     assert second["traced"] == [] and second["compiles"] == second["misses"] == 0, second
     assert second["value"] == first["value"]
-    # without the stored programs JAX's own cache serves them (traced and lowered again, compiled by none)
+    # without the stored programs JAX's own cache serves them (traced and lowered again, compiled by none), and
+    # they are not stored again: XLA:CPU serializes an executable read from JAX's cache without some kernels
+    # (a later process would fail at its first run), so a fourth process is served by JAX's cache too
     shutil.rmtree(cache / compilation.PROGRAMS)
     third = _job({"PAULIPROP_CACHE_DIR": str(cache)})
     assert third["misses"] == 0 and third["hits"] == third["compiles"] > 0 and third["value"] == first["value"]
+    assert not list((cache / compilation.PROGRAMS).glob("*.bin"))
+    fourth = _job({"PAULIPROP_CACHE_DIR": str(cache)})
+    assert fourth["hits"] == third["hits"] and fourth["value"] == first["value"]
     off = _job({"PAULIPROP_CACHE_DIR": str(tmp_path / "unused"), "PAULIPROP_NO_CACHE": "1"})
     assert off["cache"] is None and off["hits"] == off["misses"] == 0 and off["compiles"] > 0
     assert not (tmp_path / "unused").exists()
