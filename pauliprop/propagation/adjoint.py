@@ -158,6 +158,7 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
     its region analysis (a user's own jax.jit: 160 s a call for the kicked Ising's 1 GB of rows
     instead of 0.4 s), nor a loop of its own per unit but a layer (XLA:CPU copies the buffer into one)."""
     layers = schedule.U_LAYER in cfg.units
+    others = any(k not in (schedule.U_NOOP, schedule.U_LAYER) for k in cfg.units)  # kinds of a row of their own
     lanes, dtype = state[0].words.shape[1] // 2, state[0].coeffs.dtype
     scratch = stack.unit.shape[0] - 1
 
@@ -177,11 +178,14 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
     def idle(i, b, acts):
         """Whether unit first + i changes nothing: a no-op (or a kind the program holds no code for: the
         observable's merge where it ran before the loop), or a rotation that splits no word (for every
-        member of a batch); and its rotation (engine.unit_rotation)."""
+        member of a batch); and its rotation (engine.unit_rotation; None in a program without
+        rotations one by one)."""
         u = (first + i).astype(jnp.int32)
         kind = T["u_kind"][u]
-        rotation = engine.unit_rotation(b, u, T, params, acts if cfg.skip_unmet else None, kind == schedule.U_SPLIT)
         noop = ~jnp.any(kind == jnp.asarray([k for k in cfg.units if k != schedule.U_NOOP] or [-1]))
+        if schedule.U_SPLIT not in cfg.units:
+            return ~shared(~noop), None
+        rotation = engine.unit_rotation(b, u, T, params, acts if cfg.skip_unmet else None, kind == schedule.U_SPLIT)
         return ~shared(~(noop | ((kind == schedule.U_SPLIT) & (rotation[3] == 0)))), rotation
 
     def after(u, b, acts):
@@ -210,7 +214,9 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
         if layers:
             layer = engine.layer_of(u, T, params, limits, dtype)
             is_layer = shared(active & (T["u_kind"][u] == schedule.U_LAYER))
-            passes = lax.cond(is_layer, lambda b: engine.layer_passes(b, layer), lambda b: jnp.int32(1), b)
+            # a program of layers alone has no other unit a step meets (no-ops pass in the skip loop), and
+            # past the last unit it runs no pass
+            passes = lax.cond(is_layer, lambda b: engine.layer_passes(b, layer), lambda b: jnp.int32(int(others)), b)
             no_gate = jnp.zeros(b.coeffs.shape, _gate_dtype(lanes))
 
             def row(j, c):  # the unit's row, or the layer's pass j
@@ -220,8 +226,11 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
                     b, _, rec, gate = engine.layer_pass(b, layer, j, cfg, record=True)
                     return b, rec, _unturned(rec), gate.astype(no_gate.dtype)
 
-                b, rec, same, gate = lax.cond(is_layer, pass_,
-                                              lambda b: unit_row(b, u, acts, rotation, active) + (no_gate,), b)
+                if not others:
+                    b, rec, same, gate = pass_(b)
+                else:
+                    b, rec, same, gate = lax.cond(is_layer, pass_,
+                                                  lambda b: unit_row(b, u, acts, rotation, active) + (no_gate,), b)
                 stack, k = keep(stack, k, rec, u, same, gate)
                 return b, stack, k
 
@@ -242,10 +251,11 @@ def _start(buf, peak, cfg):
     return buf, peak, engine.support(buf) if cfg.skip_unmet else jnp.uint32(0)
 
 
-def row_backward(rec: engine.Record, gate, u, lam, T, params, d_rot):
+def row_backward(rec: engine.Record, gate, u, lam, T, params, d_rot, kinds=None):
     """(cotangent of a row's input coefficients, d_rot plus its rotations' d value / d angle) from lam,
     that of its output. The row is unit u's Record, or with `gate` (each slot's rotation in u's
-    layer) a pass of LAYER unit u.
+    layer) a pass of LAYER unit u. kinds: the unit kinds the program holds (None: all), whose
+    transposes it needs.
 
     CPUs pick the row kind's transpose in a lax.switch (a diagonal unit gathers nothing); GPUs compute
     all of them and select, where a conditional would wait for the host at every row."""
@@ -284,27 +294,37 @@ def row_backward(rec: engine.Record, gate, u, lam, T, params, d_rot):
         damped_to = jnp.where(has(DAMPED), rec.value, lam.shape[0]).astype(jnp.int32)  # value: a slot elsewhere
         return factor * to_lam + jnp.where(has(DAMPED), gamma * at(damped_to), 0), d_rot
 
-    branches = [diagonal, rotation, merged] + ([layer_pass] if gate is not None else [])
-    index = jnp.where(kind == schedule.U_MERGE, 2, jnp.where(kind == schedule.U_SPLIT, 1, 0))
-    if gate is not None:
-        index = jnp.where(kind == schedule.U_LAYER, 3, index)
+    # a row's kind: its unit's (no-ops write none: _record_units passes them); the first branch where none held
+    held = lambda *ks: kinds is None or any(k in kinds for k in ks)
+    branches, index = [], jnp.int32(0)
+    for ks, transpose in (((schedule.U_CLIFFORD, schedule.U_CHANNEL, schedule.U_TRUNCATE), diagonal),
+                          ((schedule.U_SPLIT,), rotation), ((schedule.U_MERGE,), merged),
+                          ((schedule.U_LAYER,), layer_pass)):
+        if held(*ks) and (transpose is not layer_pass or gate is not None):
+            index = jnp.where(jnp.any(kind == jnp.asarray(ks)), len(branches), index)
+            branches.append(transpose)
+    if len(branches) <= 1:  # one kind of row (a program of layers alone): no switch
+        only = (branches or [diagonal])[0]
+        return only(lam, None if only is diagonal else at(rec.to))
     if on_cpu():
-        return lax.switch(index, [lambda lam, f=f: f(lam, at(rec.to)) for f in branches], lam)
+        return lax.switch(index, [lambda lam, f=f: f(lam, None if f is diagonal else at(rec.to)) for f in branches],
+                          lam)
     to_lam = at(rec.to)
     outs = [f(lam, to_lam) for f in branches]
     return jax.tree_util.tree_map(lambda *xs: jnp.select([index == i for i in range(1, len(xs))], xs[1:], xs[0]),
                                   *outs)
 
 
-def _sweep(T, params, stack: Stack, lo, hi, lam, d_rot):
-    """The transposes of stack rows hi - 1, ..., lo (traced bounds) applied to lam: (lam, d_rot)."""
+def _sweep(T, params, stack: Stack, lo, hi, lam, d_rot, kinds=None):
+    """The transposes of stack rows hi - 1, ..., lo (traced bounds) applied to lam: (lam, d_rot). kinds:
+    the unit kinds the program holds (None: all)."""
 
     def back(i, carry):
         lam, d_rot = carry
         k = hi - 1 - i
         rec = jax.tree_util.tree_map(lambda a: a[k], stack.recs)
         gate = None if stack.gates is None else stack.gates[k]
-        return row_backward(rec, gate, stack.unit[k], lam, T, params, d_rot)
+        return row_backward(rec, gate, stack.unit[k], lam, T, params, d_rot, kinds)
 
     return lax.fori_loop(0, hi - lo, back, (lam, d_rot))
 
@@ -350,12 +370,17 @@ def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, c
     The stack's rows (`stack_rows`): GPUs hold all a forward pass can write where they fit the
     budget, so nothing replays. CPUs hold a third: XLA:CPU has no uninitialized buffer, so every row
     is zero-filled at each call, and most units change no coefficient and write none (the kicked
-    Ising at 8 steps, 2-core CPU: 335 of 1,280 rows written; value_and_grad 0.42 s with its 426 rows,
-    0.62 s with 1,280)."""
+    Ising at 8 steps, 2-core CPU: 335 of 1,280 rows written). A CPU stack of KEEP_ABOVE bytes or more
+    has the host's allocator keep freed memory (memory.keep_freed_host_memory), else each call faults
+    all its pages in again: value_and_grad there 0.42 s with 426 rows and 0.62 s with 1,280 when they
+    were faulted in, 0.31-0.37 s and 0.30 s when kept (a third holds memory down at about that speed)."""
     dtype, lanes = buf.coeffs.dtype, buf.words.shape[1] // 2
     seg = segment_length(rows.units)
     S = -(-rows.units // seg)  # the last segment may hold fewer units
-    K = stack_rows(rows, row_bytes(cfg, dtype, lanes) * batch_size(), on_cpu())
+    nbytes = row_bytes(cfg, dtype, lanes) * batch_size()
+    K = stack_rows(rows, nbytes, on_cpu())
+    if on_cpu() and (K + rows.segment + 1) * nbytes >= memory.KEEP_ABOVE:
+        memory.keep_freed_host_memory()  # the stack's pages reused from call to call, not faulted in again
     # segment starts, and a slot the backward tasks write to (no conditional copies a buffer)
     starts = jax.tree_util.tree_map(lambda a: jnp.zeros((S + 1,) + a.shape, a.dtype), buf)
 
@@ -380,7 +405,7 @@ def value_and_grad(T: dict, buf: engine.Buffer, params, limits: Limits, table, c
         # the rows to sweep: none forward; the forward's where it recorded the segment, else the replay's
         lo = jnp.where(forward, 0, jnp.where(recorded, spans[s, 0], k))
         hi = jnp.where(forward, 0, jnp.where(recorded, spans[s, 1], k_end))
-        lam, d_rot = _sweep(T, params, stack, lo, hi, lam, d_rot)
+        lam, d_rot = _sweep(T, params, stack, lo, hi, lam, d_rot, cfg.units)
         k = jnp.where(forward, k_end, k)  # replays reuse the rows past the recorded ones
         return (b, starts, stack, k, spans, lam, val, dropped, d_rot, terms, peak), None
 

@@ -679,8 +679,10 @@ def apply_unit(buf: Buffer, u, T, params, limits, cfg: Config, live_count=None, 
     live_count = _count(buf.live) if live_count is None else live_count
     kind = T["u_kind"][u]
     split = kind == schedule.U_SPLIT
-    rotation = unit_rotation(buf, u, T, params, acts, split & active) if rotation is None else rotation
-    pick = _split_pick(live_count, rotation[3], cfg)
+    pick = 0
+    if schedule.U_SPLIT in cfg.units:  # (a program without rotations one by one holds no code for their test)
+        rotation = unit_rotation(buf, u, T, params, acts, split & active) if rotation is None else rotation
+        pick = _split_pick(live_count, rotation[3], cfg)
     kinds = len(UNIT_FUNCTIONS)
     index = jnp.where(active, jnp.where(split & (pick > 0), kinds + pick - 1, kind), schedule.U_NOOP)
     common = dict(T=T, params=params, limits=limits, cfg=cfg, **({"record": True} if record else {}))
@@ -794,9 +796,11 @@ def word_overlaps(x, z, table):
     shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)
     out = jnp.ones(x.shape[:-1], table.dtype)
     for lane in range(x.shape[-1]):
-        code = (((x[..., lane, None] >> shifts) & 1) | (((z[..., lane, None] >> shifts) & 1) << 1)).astype(jnp.int32)
+        xb, zb = ((x[..., lane, None] >> shifts) & 1) != 0, ((z[..., lane, None] >> shifts) & 1) != 0
         rows = table[lane * pauli_words.LANE_BITS:(lane + 1) * pauli_words.LANE_BITS]
-        out = out * jnp.prod(rows[jnp.arange(pauli_words.LANE_BITS), code], axis=-1)
+        # each site's factor by selects, not a gather of the table (which compiles slower, inside a loop most)
+        site = jnp.where(xb, jnp.where(zb, rows[:, 3], rows[:, 1]), jnp.where(zb, rows[:, 2], rows[:, 0]))
+        out = out * jnp.prod(site, axis=-1)
     return out
 
 
