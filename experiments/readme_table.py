@@ -202,7 +202,7 @@ def page() -> str:
     lines += _grid(head, _peers_rows(CPU_CASES, names, lambda case: (CPU_PEER_FILE, _load(CPU_PEER_FILE))))
     lines += ["", "### Gradients: value_and_grad against the value (`gradient_bench.py`)", ""]
     body = []
-    for f in ("gradient_bench_h100_2026-12-07_final2.json", "gradient_bench_cpu_2026-12-07_rec.json"):
+    for f in ("gradient_bench_h100_2026-12-07_final2.json", "gradient_bench_cpu_2026-12-07_s2.json"):
         d = _load(f)
         for part, what in (("a", "a: 127-qubit kicked Ising, a parameter a gate"),
                            ("b", "b: 64-qubit TFI, 508 parameters (PauliPropagation.jl's)")):
