@@ -193,24 +193,29 @@ def _record_units(T, params, limits, cfg, first, n, size: int, state, stack: Sta
 
     def skip(i, b, acts, terms):
         """Past the units from first + i on that change nothing, in a loop whose carry holds no buffer (a
-        unit that changes nothing writes no row, and runs no code beyond its test)."""
+        unit that changes nothing writes no row, and runs no code beyond its test); with the rotation of
+        the unit it stops at, which its test computed."""
         live = count(b.live)
 
-        def go(c):
-            i, acts, terms = c
-            u = (first + i).astype(jnp.int32)
-            return i + 1, after(u, b, acts), terms.at[i].set(live)
+        def test(i, acts):
+            still, rotation = idle(i, b, acts)
+            return (i < n) & still, rotation
 
-        return lax.while_loop(lambda c: (c[0] < n) & idle(c[0], b, c[1])[0], go, (i, acts, terms))
+        def go(c):
+            i, acts, terms, _, _ = c
+            acts = after((first + i).astype(jnp.int32), b, acts)
+            return (i + 1, acts, terms.at[i].set(live)) + test(i + 1, acts)
+
+        i, acts, terms, _, rotation = lax.while_loop(lambda c: c[3], go, (i, acts, terms) + test(i, acts))
+        return i, acts, terms, rotation
 
     def step(carry):
         """One unit: its row, or a layer's passes (a loop of rows: on GPUs, a test of the host a row
         rather than the several a row in one loop over all rows)."""
         i, (b, peak, acts), stack, k, terms = carry
-        i, acts, terms = skip(i, b, acts, terms)
+        i, acts, terms, rotation = skip(i, b, acts, terms)
         active = i < n  # past the last unit: a no-op whose row goes to the scratch row
         u = jnp.minimum(first + i, T["u_kind"].shape[0] - 1).astype(jnp.int32)
-        rotation = idle(i, b, acts)[1]
         if layers:
             layer = engine.layer_of(u, T, params, limits, dtype)
             is_layer = shared(active & (T["u_kind"][u] == schedule.U_LAYER))
