@@ -46,7 +46,7 @@ from ..algebra import words as pauli_words
 from ..algebra.clifford import apply_map, popcount as popcount_numpy
 from ..runtime.prefix import count as _count, prefix_count
 from . import fused, pairing, schedule
-from .engine import element_image, rotation_angle, word_overlaps
+from .engine import element_image, layer_rotations, rotation_angle, word_overlaps
 from .merge import halves
 from .truncation import Limits, violations
 
@@ -339,9 +339,8 @@ def _lowest(words):
 
 
 def layer_of(T, u, params, lanes: int, dtype) -> Layer:
-    most = pauli_words.LANE_BITS * lanes
-    start, count = T["u_start"][u], T["u_count"][u]
-    rows = jnp.minimum(start + jnp.arange(most), T["rot_gx"].shape[0] - 1)
+    rows = layer_rotations(u, T)  # the 32 W rows a layer may hold (the tables' W: the words', lanes)
+    most, count = rows.shape[0], T["u_count"][u]
     on = jnp.arange(most) < count
     angle = rotation_angle(T, rows, params).astype(dtype)
     gx = jnp.where(on[:, None], T["rot_gx"][rows], 0)
