@@ -241,8 +241,10 @@ def _jax_cache_hits():
     jax.monitoring.register_event_listener(listen)
     try:
         yield hits
-    finally:
-        jax.monitoring.unregister_event_listener(listen)
+    finally:  # (a jax without unregister_event_listener keeps it: a closure a compilation, its list read by none)
+        unregister = getattr(jax.monitoring, "unregister_event_listener", None)
+        if unregister is not None:
+            unregister(listen)
 
 
 class Jitted:
