@@ -65,16 +65,29 @@ def word_overlaps(x, z, state, num_qubits: int):
         ok = jnp.all(((x & mz) == 0) & ((z & mx) == 0) & (((x ^ z) & my) == 0), axis=-1)
         parity = words.popcount((x | z) & minus).sum(-1) & 1
         return jnp.where(ok, 1.0 - 2.0 * parity, 0.0)
-    # generic product state: per qubit factor table [I, X, Z, Y] indexed by the symplectic code
-    table = np.ones((x.shape[-1] * words.LANE_BITS, 4))
-    table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = data[:, 0], data[:, 2], data[:, 1]
-    table = jnp.asarray(table)
+    # generic product state: each qubit's factors for I, X, Z, Y
+    return table_overlaps(x, z, jnp.asarray(overlap_table(data, num_qubits, x.shape[-1])))
+
+
+def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
+    """(32 W, 4) factors <psi_q| P |psi_q> of each qubit's state for the codes I, X, Z, Y (host)."""
+    r = bloch_vectors(state, num_qubits)
+    table = np.zeros((words.LANE_BITS * num_lanes, 4))
+    table[:, 0] = 1.0
+    table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = r[:, 0], r[:, 2], r[:, 1]
+    return table
+
+
+def table_overlaps(x, z, table):
+    """<psi| P |psi> of every packed word (T, W) -> (T,) for a product state given by its overlap_table."""
     shifts = jnp.arange(words.LANE_BITS, dtype=jnp.uint32)
-    out = jnp.ones(x.shape[:-1])
+    out = jnp.ones(x.shape[:-1], table.dtype)
     for lane in range(x.shape[-1]):
-        code = ((x[..., lane, None] >> shifts) & 1) | (((z[..., lane, None] >> shifts) & 1) << 1)
-        factors = table[lane * words.LANE_BITS + jnp.arange(words.LANE_BITS), code.astype(jnp.int32)]
-        out = out * jnp.prod(factors, axis=-1)
+        xb, zb = ((x[..., lane, None] >> shifts) & 1) != 0, ((z[..., lane, None] >> shifts) & 1) != 0
+        rows = table[lane * words.LANE_BITS:(lane + 1) * words.LANE_BITS]
+        # each site's factor by selects, not a gather of the table (which compiles slower, inside a loop most)
+        site = jnp.where(xb, jnp.where(zb, rows[:, 3], rows[:, 1]), jnp.where(zb, rows[:, 2], rows[:, 0]))
+        out = out * jnp.prod(site, axis=-1)
     return out
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from ..algebra import words as pauli_words
+from ..algebra.overlap import table_overlaps
 from ..runtime import memory
 from ..runtime.batching import batch_size, shared
 from ..runtime.prefix import count, on_cpu
@@ -344,7 +345,7 @@ def _param_grads(T, d_rot, params):
 
 def _final(end: engine.Buffer, table):
     """(value, its cotangent on the final coefficients: each live word's overlap)."""
-    overlaps = engine.word_overlaps(end.x, end.z, table).astype(end.coeffs.dtype)
+    overlaps = table_overlaps(end.x, end.z, table).astype(end.coeffs.dtype)
     lam = jnp.where(end.live, overlaps, 0)
     return jnp.sum(jnp.where(end.live, end.coeffs, 0) * overlaps), lam
 

@@ -30,7 +30,7 @@ from jax import lax
 
 from ..algebra import words as pauli_words
 from ..algebra.clifford import apply_map
-from ..algebra.overlap import bloch_vectors
+from ..algebra.overlap import table_overlaps
 from ..runtime.batching import shared
 from ..runtime.prefix import count as _count, first_set
 from . import merge, schedule
@@ -780,29 +780,7 @@ def _run_static(T: dict, buf: Buffer, params, limits: Limits, cfg: Config):
     return buf, Progress(jnp.asarray(total, jnp.int32), jnp.int32(0), terms.reshape(-1), peak)
 
 
-# ---- overlaps with product states -------------------------------------------------------------------
-
-def overlap_table(state, num_qubits: int, num_lanes: int) -> np.ndarray:
-    """(32 W, 4) factors <psi_q| P |psi_q> of each qubit's state for the codes I, X, Z, Y (host)."""
-    r = bloch_vectors(state, num_qubits)
-    table = np.zeros((pauli_words.LANE_BITS * num_lanes, 4))
-    table[:, 0] = 1.0
-    table[:num_qubits, 1], table[:num_qubits, 2], table[:num_qubits, 3] = r[:, 0], r[:, 2], r[:, 1]
-    return table
-
-
-def word_overlaps(x, z, table):
-    """<psi| P |psi> of every packed word for a product state given by its overlap_table."""
-    shifts = jnp.arange(pauli_words.LANE_BITS, dtype=jnp.uint32)
-    out = jnp.ones(x.shape[:-1], table.dtype)
-    for lane in range(x.shape[-1]):
-        xb, zb = ((x[..., lane, None] >> shifts) & 1) != 0, ((z[..., lane, None] >> shifts) & 1) != 0
-        rows = table[lane * pauli_words.LANE_BITS:(lane + 1) * pauli_words.LANE_BITS]
-        # each site's factor by selects, not a gather of the table (which compiles slower, inside a loop most)
-        site = jnp.where(xb, jnp.where(zb, rows[:, 3], rows[:, 1]), jnp.where(zb, rows[:, 2], rows[:, 0]))
-        out = out * jnp.prod(site, axis=-1)
-    return out
-
+# ---- the value: the live words' overlaps with the product state (algebra.overlap) -------------------
 
 def value(buf: Buffer, table):
-    return jnp.sum(jnp.where(buf.live, buf.coeffs, 0) * word_overlaps(buf.x, buf.z, table).astype(buf.coeffs.dtype))
+    return jnp.sum(jnp.where(buf.live, buf.coeffs, 0) * table_overlaps(buf.x, buf.z, table).astype(buf.coeffs.dtype))

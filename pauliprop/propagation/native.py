@@ -370,7 +370,7 @@ def _rebucket(words, coeffs, sins, bucket_count, cap, new_words, new_coeffs, new
 
 
 def value(words, coeffs, bucket_count, table) -> float:
-    """sum over the live words of coefficient * <state| P |state> (engine.overlap_table's factors: (32 W, 4))."""
+    """sum over the live words of coefficient * <state| P |state> (algebra.overlap.overlap_table's factors: (32 W, 4))."""
     table = np.ascontiguousarray(table, np.float64)
     if table.shape != (16 * words.shape[1], 4):
         raise ValueError(f"an overlap table of {table.shape} for words of {words.shape[1] // 2} lanes")

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import statevector
 from ..algebra import words as pauli_words
-from ..algebra.overlap import parse_state
+from ..algebra.overlap import overlap_table, parse_state
 from ..algebra.paulisum import PauliSum
 from ..circuits.circuit import Circuit
 from ..runtime.batching import batched, vmap_shared
@@ -151,7 +151,7 @@ def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None
 
 
 def on_cone(low: Lowered, x, z, table) -> tuple:
-    """(x, z, table): an observable's lanes and a state's overlap table (engine.overlap_table) on the qubits of
+    """(x, z, table): an observable's lanes and a state's overlap table (algebra.overlap.overlap_table) on the qubits of
     low's program: renumbered where `lowered` renumbered them (Lowered.qubits), else as they are."""
     if low.qubits is None:
         return np.asarray(x, np.uint32), np.asarray(z, np.uint32), table
@@ -1107,18 +1107,18 @@ def _propagate_static(T, buf, params, limits, *, cfg):
 # ---- expectation values, with reverse mode --------------------------------------------------------------
 
 def state_table(state, num_qubits: int, num_lanes: int):
-    """engine.overlap_table of the state, checked first; a state given as a string is kept (read-only) for the
+    """algebra.overlap.overlap_table of the state, checked first; a state given as a string is kept (read-only) for the
     next call (5,000 qubits: 25 ms a call to parse and pack)."""
     if isinstance(state, str):
         return _eigenstate_table(state, num_qubits, num_lanes)
     parse_state(state, num_qubits)  # fail before propagating
-    return engine.overlap_table(state, num_qubits, num_lanes)
+    return overlap_table(state, num_qubits, num_lanes)
 
 
 @functools.lru_cache(maxsize=64)
 def _eigenstate_table(state: str, num_qubits: int, num_lanes: int) -> np.ndarray:
     parse_state(state, num_qubits)
-    table = engine.overlap_table(state, num_qubits, num_lanes)
+    table = overlap_table(state, num_qubits, num_lanes)
     table.setflags(write=False)
     return table
 

@@ -46,7 +46,8 @@ from ..algebra import words as pauli_words
 from ..algebra.clifford import apply_map, popcount as popcount_numpy
 from ..runtime.prefix import count as _count, prefix_count
 from . import fused, pairing, schedule
-from .engine import element_image, layer_rotations, rotation_angle, word_overlaps
+from ..algebra.overlap import table_overlaps
+from .engine import element_image, layer_rotations, rotation_angle
 from .merge import halves
 from .truncation import Limits, violations
 
@@ -615,7 +616,7 @@ def value(work: Work, n, table, tile: int):
     def body(start, total):
         w, c = take(work.words, start, tile), take(work.coeffs, start, tile)
         x, z = halves(w)
-        ov = word_overlaps(x, z, table).astype(c.dtype)
+        ov = table_overlaps(x, z, table).astype(c.dtype)
         return total + jnp.sum(jnp.where(start + jnp.arange(tile) < n, c * ov, 0))
 
     return over_tiles(n, tile, body, jnp.zeros((), work.coeffs.dtype))
