@@ -69,7 +69,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     backend = jax.default_backend()
     trunc, capacity = WORKLOADS[args.workload]
-    low = PR.lowered(models.kicked_ising(20, pp.Param(0)), trunc, backend, layers=engine.layers_for(backend, trunc))
+    low = PR.lowered(models.kicked_ising(20, pp.Param(0)), trunc, backend, layers=engine.layers_for(backend, trunc.rules))
     cfg = PR.config(low, trunc, capacity, True, backend, merged=True)
     rotation = S.U_LAYER if S.U_LAYER in cfg.units else S.U_SPLIT
     clifford, rotations = (S.U_CLIFFORD, S.U_NOOP), (S.U_NOOP, rotation)

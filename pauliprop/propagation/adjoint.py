@@ -98,7 +98,7 @@ def record_shape(units: "schedule.Units", sched: "schedule.Schedule", truncation
     """RecordRows of a program's units (layer_rows)."""
     n = record_rows(units.length)
     seg = segment_length(n)
-    weight = truncation.max_weight if truncation.per == "gate" else None
+    weight = truncation.max_weight if truncation.rules.weight_each_gate else None
     per_unit = np.ones(-(-n // seg) * seg, np.int64)
     per_unit[:units.length] = layer_rows(units, sched, weight)
     per_segment = per_unit.reshape(-1, seg).sum(1)

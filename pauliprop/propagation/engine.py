@@ -34,7 +34,7 @@ from ..algebra.overlap import table_overlaps
 from ..runtime.batching import shared
 from ..runtime.prefix import count as _count, first_set
 from . import merge, schedule
-from .truncation import Limits
+from .truncation import Limits, Rules
 
 
 class Buffer(NamedTuple):
@@ -60,8 +60,7 @@ class Config(NamedTuple):
     """The static part of a propagation: what the compiled program depends on."""
 
     capacity: int
-    rules: tuple  # Truncation.rules: which rules exist (their values are data)
-    per: str  # "gate" or "layer"
+    rules: Rules  # Truncation.rules: which rules exist and where they act (their values are data: Limits)
     stop: bool  # stop at an overflow (resumable) instead of cutting
     sweep: bool  # Clifford gates swept over all words, SWEEP at a time (GPUs), else gathered in rooms (CPUs)
     rooms: tuple  # the SPLIT unit's room sizes, ascending, the last = capacity
@@ -152,7 +151,7 @@ def rooms_for(capacity: int, backend: str) -> tuple:
     return rooms + (capacity,)
 
 
-def split_rooms_with_cut(rooms: tuple, backend: str, truncation, stop: bool) -> int:
+def split_rooms_with_cut(rooms: tuple, backend: str, rules: Rules, stop: bool) -> int:
     """How many of the largest rooms hold the code that cuts the buffer and a rotation's new words
     together (a rotation whose new words may not fit the free slots needs one of them). Where a cut
     can happen (per-gate max_terms, or a program that does not stop) on CPUs: the two largest, so the
@@ -162,7 +161,7 @@ def split_rooms_with_cut(rooms: tuple, backend: str, truncation, stop: bool) -> 
     Each such room costs its cut's compilation, so GPUs (one room up to 2^17 slots) and programs
     that stop at an overflow instead keep one; a CPU program that stops leaves the largest of the two
     out until a rotation needs it (whole_room_for)."""
-    cuts = truncation.max_terms is not None or not stop
+    cuts = rules.max_terms or not stop
     return 2 if backend == "cpu" and cuts and len(rooms) > 2 else 1
 
 
@@ -180,7 +179,7 @@ def whole_room_for(backend: str, cut_rooms: int, stop: bool) -> bool:
     return not (backend == "cpu" and cut_rooms == 2 and stop)
 
 
-def layers_for(backend: str, truncation, traced_capacity: int | None = None) -> bool:
+def layers_for(backend: str, rules: Rules, traced_capacity: int | None = None) -> bool:
     """Whether a layer of rotations is one LAYER unit (layer_unit) rather than a SPLIT unit each: on
     GPUs, where the truncation is per term (a per-gate max_terms cut is global, so it needs the gates
     one by one). CPUs keep the rotations one by one where their buffer has rooms: there a pass over
@@ -189,7 +188,7 @@ def layers_for(backend: str, truncation, traced_capacity: int | None = None) -> 
     against 0.35 s). A traced program (pp.expectation under jit or grad; the concrete CPU path is the
     native engine) whose `traced_capacity` is one room sorts the whole buffer at every rotation, so
     there layers win: 64-qubit TFI, 508 rotations at capacity 4,096, 9-11 ms against 90 ms."""
-    if truncation.per == "gate" and truncation.max_terms is not None:
+    if rules.cut_each_gate:
         return False
     if backend != "cpu":
         return True
@@ -371,7 +370,7 @@ def clifford_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool =
         dropped = buf.dropped.at[0].add(jnp.sum(jnp.where(gone, jnp.abs(buf.coeffs), 0)))
         out = probe._replace(coeffs=buf.coeffs * probe.coeffs, dropped=dropped)
         return out, jnp.int32(0), _diagonal_record(probe.coeffs, probe.live, buf.coeffs.dtype)
-    weight_each = cfg.per == "gate"
+    weight_each = cfg.rules.weight_each_gate
     end_limits = limits if not weight_each else Limits()
     gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
 
@@ -631,14 +630,14 @@ def channel_unit(buf: Buffer, u, T, params, limits, cfg: Config, record: bool = 
     """Pauli channels: each scales a word by the factor of its code on the channel's qubit; per gate,
     the coefficient rule drops what falls under it after each channel. Record: the product of the
     factors where the word stays (the channels keep words in their slots)."""
-    each = Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.per == "gate" else Limits()
+    each = Limits(min_abs_coeff=limits.min_abs_coeff) if cfg.rules.per == "gate" else Limits()
 
     def one(j, valid, b):
         b = b._replace(coeffs=b.coeffs * _channel_factor(T, j, valid, b.words).astype(b.coeffs.dtype))
         return _drop_rules(b, each) if each.min_abs_coeff is not None else b
 
     out = _elements(T["u_start"][u], T["u_count"][u], cfg, one, buf)
-    if cfg.per == "layer":
+    if cfg.rules.per == "layer":
         out = _cap(_drop_rules(out, limits), limits, cfg.capacity)
     if not record:
         return out, jnp.int32(0)

@@ -49,7 +49,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from ..runtime import mlir_dialects
 from . import pairing, schedule
-from .truncation import Limits, violations
+from .truncation import Limits, Rules, violations
 
 mlir_dialects.register()  # the kernels' lowering without a failed import an op
 
@@ -84,12 +84,12 @@ def _product_sign(x, z, gx, gz):
     return jnp.where(((e + 1) & 3) == 0, 1.0, -1.0)
 
 
-def _rules(rules: tuple, lim_i, lim_f) -> Limits:
+def _rules(rules: Rules, lim_i, lim_f) -> Limits:
     """The limits inside a kernel from their refs: max_weight, max_sins in lim_i, min_abs_coeff in lim_f
     (None where the rule is off)."""
-    max_weight, min_abs, _, max_sins = rules
-    return Limits(max_weight=lim_i[0] if max_weight else None, min_abs_coeff=lim_f[0] if min_abs else None,
-                  max_sins=lim_i[1] if max_sins else None)
+    return Limits(max_weight=lim_i[0] if rules.max_weight else None,
+                  min_abs_coeff=lim_f[0] if rules.min_abs_coeff else None,
+                  max_sins=lim_i[1] if rules.max_sins else None)
 
 
 def _dropped(limits: Limits, coeffs, weights, sins, candidate):
@@ -131,7 +131,7 @@ def _over_blocks(n, bw: int, block_body, start=0):
 
 
 def _kernel(scal, paired, lim_i, lim_f, gens, cos, sin, base, partner, rot, slot, words_in, coeffs_in, sins_in, gone_in,
-            table_in, *outs, lanes: int, bw: int, rules: tuple, sins_on: bool, count_only: bool):
+            table_in, *outs, lanes: int, bw: int, rules: Rules, sins_on: bool, count_only: bool):
     """One program: its blocks of the live words (`_over_blocks`). scal: the pass's (`rotation_pass`);
     paired: the pairing's statistics (every program's turning words: whether the pass fits).
     count_only: the appended words the block keeps, into counts[b]; else the mix, with block b's appended
@@ -239,7 +239,7 @@ def _launch(work, scal, paired, base, layers, lims, cfg, count_only: bool):
     bw = block(cfg.tile)
     grid = (programs(cfg),)
     cap = work.coeffs.shape[0]
-    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules[3],
+    kernel = partial(_kernel, lanes=lanes, bw=bw, rules=cfg.rules, sins_on=cfg.rules.max_sins,
                      count_only=count_only)
     gens, cos, sin = _flat(layers.gens), _flat(layers.cos), _flat(layers.sin)
     args = (scal, paired, *lims, gens, cos, sin, base, work.partner, work.rot, work.slot, work.words, work.coeffs,
@@ -650,7 +650,7 @@ def _compaction(work, scal, cfg):                     # of its kernels for XLA t
                        input_output_aliases={2: 0, 3: 1})(scal, base, work.gone, work.partner)
     outs = (gone, work.words, work.coeffs, work.sins)
     gone, words, coeffs, sins = call(
-        partial(_fill_kernel, lanes=lanes, bw=bw, sins_on=cfg.rules[3]),
+        partial(_fill_kernel, lanes=lanes, bw=bw, sins_on=cfg.rules.max_sins),
         out_shape=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in outs),
         input_output_aliases={3 + k: k for k in range(4)})(scal, base, holes, *outs)
     return work._replace(gone=gone, words=words, coeffs=coeffs, sins=sins, partner=holes)
@@ -752,7 +752,7 @@ def clifford_run(work, live, T, u, limits: Limits, cfg):
     grid = (programs(cfg),)
     lanes = work.words.shape[1] // 2
     interpret, params = _mode(cfg)
-    weight_rule = cfg.per == "gate" and cfg.rules[0]
+    weight_rule = cfg.rules.weight_each_gate
     lim_i = jnp.asarray(limits.max_weight if weight_rule else 0, jnp.int32)[None]
     first, count = T["u_start"][u], T["u_count"][u]
     last = T["cl_kind"].shape[0] - 1

@@ -48,7 +48,7 @@ from ..algebra.clifford import CHUNK, popcount
 from ..runtime import memory
 from . import _native  # the C library, built at install (setup.py); ImportError where it was not
 from . import schedule
-from .truncation import OFF  # a weight or sine limit that never binds
+from .truncation import Limits, Rules
 
 
 def slot_bytes(lanes: int, coeff_bytes: int) -> int:
@@ -239,11 +239,11 @@ class Progress(NamedTuple):
 
 
 def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int, cos: np.ndarray, sin: np.ndarray,
-        limits: tuple, per_layer: bool, weight_each: bool, unit_terms: np.ndarray, dropped: np.ndarray,
+        limits: Limits, rules: Rules, unit_terms: np.ndarray, dropped: np.ndarray,
         peak: int, threads_at_most: int | None = None) -> Progress:
     """Apply the units from `unit` (rotation `step` of it) to the live words of ws. hashes: the bucket
-    functionals, which follow the words through the Clifford units (updated in place). limits:
-    (max_weight, min_abs_coeff, max_sins), OFF / 0.0 / OFF where a rule is off. Writes the live terms
+    functionals, which follow the words through the Clifford units (updated in place). limits and rules:
+    the truncation's (Truncation.limits in the coefficients' dtype, Truncation.rules). Writes the live terms
     after each unit into unit_terms (int32) and adds the 1-norm each rule dropped into dropped (float64).
 
     The loop over units is C's too: one call, the GIL released throughout (a thread of this process that
@@ -263,10 +263,11 @@ def run(tables: Tables, ws: Workspace, hashes: np.ndarray, unit: int, step: int,
                       _at(ws.partner, _I32), _at(ws.turning, _I32), _at(ws.table, _I64), _at(ws.count, _I64),
                       _at(ws.turning_count, _I64), len(ws.count), len(ws.words), len(ws.table))
     out = np.zeros(5, np.int64)
-    max_weight, min_abs, max_sins = int(limits[0]), float(limits[1]), int(limits[2])
+    filled = limits.filled()  # the C loops hold every rule: an off one drops nothing
+    max_weight, min_abs, max_sins = int(filled.max_weight), float(filled.min_abs_coeff), int(filled.max_sins)
     _kernels(c).run(ctypes.byref(tables.c_tables), ctypes.byref(work), _at(hashes, _U32), unit, step,
-                    _at(cos, c.dtype), _at(sin, c.dtype), max_weight, min_abs, max_sins, per_layer, weight_each,
-                    _threads_at_most(threads_at_most), THREAD_MIN, _at(unit_terms, _I32),
+                    _at(cos, c.dtype), _at(sin, c.dtype), max_weight, min_abs, max_sins, rules.per == "layer",
+                    rules.weight_each_gate, _threads_at_most(threads_at_most), THREAD_MIN, _at(unit_terms, _I32),
                     _at(dropped, _F64), peak, out.ctypes.data)
     return Progress(*(int(v) for v in out))
 

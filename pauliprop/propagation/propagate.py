@@ -42,7 +42,7 @@ from ..runtime.batching import batched, vmap_shared
 from ..runtime import background, memory
 from ..runtime.compilation import Jitted, signature
 from . import adjoint, engine, merge, program, schedule, tiled
-from .truncation import NO_TRUNCATION, OFF, RULES, Truncation
+from .truncation import NO_TRUNCATION, RULES, Truncation, violations
 from ..runtime import devices
 
 
@@ -117,7 +117,7 @@ def lowered(circuit: Circuit, truncation: Truncation, backend: str | None = None
     alone, renumbered in order (Lowered.qubits; `on_cone` moves the observable and the state there): a local
     observable of a 5,000-qubit circuit runs on words of a lane or two, where it took 157."""
     backend = backend or devices.backend()
-    weight_each = truncation.per == "gate" and truncation.max_weight is not None
+    weight_each = truncation.rules.weight_each_gate
     key = (len(circuit.instructions), truncation.per, weight_each, backend, layers, support,
            renumber and support is not None)
     cache = _circuit_cache(circuit)
@@ -330,8 +330,8 @@ def config(low: Lowered, truncation: Truncation, capacity: int, stop: bool, back
     if merged and schedule.U_MERGE not in low.units.kind[1:]:
         features["units"] = tuple(k for k in features["units"] if k != schedule.U_MERGE)
     rooms = engine.rooms_for(capacity, backend)
-    cut_rooms = engine.split_rooms_with_cut(rooms, backend, truncation, stop)
-    return engine.Config(capacity=capacity, rules=truncation.rules, per=truncation.per, stop=stop,
+    cut_rooms = engine.split_rooms_with_cut(rooms, backend, truncation.rules, stop)
+    return engine.Config(capacity=capacity, rules=truncation.rules, stop=stop,
                          sweep=backend != "cpu", rooms=rooms, cut_rooms=cut_rooms,
                          whole_room=whole_room or engine.whole_room_for(backend, cut_rooms, stop),
                          skip_unmet=backend == "cpu",
@@ -461,7 +461,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
     by one): where this call ran other units, it runs again in those (layers: None picks
     engine.layers_for)."""
     backend = devices.backend()
-    layers = engine.layers_for(backend, truncation) if layers is None else layers
+    layers = engine.layers_for(backend, truncation.rules) if layers is None else layers
     low = lowered(circuit, truncation, backend, layers=layers, support=observable_support(obs))
     dtype = jnp.result_type(float)
     p = params_array(params, circuit.num_params, dtype)
@@ -513,7 +513,7 @@ def _drive(circuit: Circuit, obs: PauliSum, params, truncation: Truncation, capa
             continue
         if fixed:  # the caller's capacity: the rest keeps the largest terms (reported as overflow), in the
             # units a traced call of this capacity runs, so that both cut the same (a layer cuts its own way)
-            traced_layers = engine.layers_for(backend, truncation, traced_capacity=cap)
+            traced_layers = engine.layers_for(backend, truncation.rules, traced_capacity=cap)
             if layers != traced_layers:
                 return _drive(circuit, obs, params, truncation, capacity, max_capacity, initial_capacity, table,
                               layers=traced_layers)
@@ -709,7 +709,7 @@ def tiled_config(low: Lowered, truncation: Truncation, capacity: int, backend: s
     fused = FUSED.get(backend, "") if low.program.gx.shape[1] <= FUSED_MAX_LANES else ""
     tile = TILE.get(backend, GPU_TILE)  # (the fused kernels take every live block in one launch whatever the tile)
     return tiled.Config(capacity=capacity, tile=min(capacity, tile), rules=truncation.rules,
-                        per=truncation.per, units=features["units"], clifford=features["clifford"],
+                        units=features["units"], clifford=features["clifford"],
                         unroll=map_unroll(backend, capacity), sweep=1 if backend == "cpu" else SWEEP,
                         clifford_tile=0 if backend == "cpu" else min(capacity, GPU_CLIFFORD_TILE),
                         fused=fused)
@@ -829,7 +829,7 @@ def _tiled_call(circuit: Circuit, obs: PauliSum, params, truncation: Truncation,
     dtype = np.dtype(jnp.result_type(float))
     p = params_array(params, circuit.num_params, dtype)
     x, z, cone_table = on_cone(low, obs.x, obs.z, table)
-    words, coeffs, dropped0 = tiled.host_merge(x, z, obs.coeffs, truncation)
+    words, coeffs, dropped0 = tiled.host_merge(x, z, obs.coeffs, truncation.limits(dtype))
     t, lanes = len(words), x.shape[1]
     rows = schedule.bucket(t, 64)
     obs_words = np.zeros((rows, 2 * lanes), np.uint32)
@@ -952,11 +952,6 @@ def native_engine():
     return _native_module()
 
 
-def _native_limits(truncation: Truncation) -> tuple:
-    pick = lambda v, default: default if v is None else v
-    return pick(truncation.max_weight, OFF), pick(truncation.min_abs_coeff, 0.0), pick(truncation.max_sins, OFF)
-
-
 def _native_lowered(circuit: Circuit, obs: PauliSum, truncation: Truncation) -> tuple:
     """(the circuit lowered for the native engine, on its observable's light cone's qubits (lowered's renumber),
     its tables): made once, kept on the circuit."""
@@ -979,7 +974,7 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     angles = tables.angles(p)
     cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
     x, z, table = on_cone(low, obs.x, obs.z, table)
-    words, coeffs, dropped0 = tiled.host_merge(x, z, obs.coeffs, truncation)
+    words, coeffs, dropped0 = tiled.host_merge(x, z, obs.coeffs, truncation.limits(dtype))
     t, lanes = len(words), x.shape[1]
     per_slot = native.slot_bytes(lanes, dtype.itemsize)
     most = min(_floor_pow2(_budget("cpu", False) // per_slot), _floor_pow2(max_capacity))
@@ -996,11 +991,10 @@ def _drive_native(circuit: Circuit, obs: PauliSum, params, truncation: Truncatio
     unit_terms = np.zeros(low.units.length, np.int32)
     unit_terms[0] = t
     dropped = np.asarray(dropped0, np.float64).copy()
-    limits = _native_limits(truncation)
-    per_layer, weight_each = truncation.per == "layer", truncation.per == "gate" and truncation.max_weight is not None
+    limits = truncation.limits(dtype)
     at = native.Progress(1, 0, 0, t)
     while True:
-        at = native.run(tables, ws, hashes, at.unit, at.step, cos, sin, limits, per_layer, weight_each, unit_terms,
+        at = native.run(tables, ws, hashes, at.unit, at.step, cos, sin, limits, truncation.rules, unit_terms,
                         dropped, at.peak, threads_at_most=threads_at_most)
         if at.need == 0:
             break
@@ -1168,7 +1162,7 @@ def traced_lowering(circuit: Circuit, observable: PauliSum, truncation: Truncati
                     backend: str | None = None) -> Lowered:
     """The lowering of a traced estimate (pp.expectation under jit, grad or vmap) at this capacity."""
     backend = backend or devices.backend()
-    return lowered(circuit, truncation, backend, layers=engine.layers_for(backend, truncation, traced_capacity=capacity),
+    return lowered(circuit, truncation, backend, layers=engine.layers_for(backend, truncation.rules, traced_capacity=capacity),
                    support=observable_support(observable))
 
 
@@ -1203,9 +1197,8 @@ def _merged_on_host(obs: PauliSum, truncation: Truncation, capacity: int, dtype)
         np.add.at(summed, inverse.reshape(-1), np.asarray(obs.coeffs, dtype))
     sites = distinct[:, :w] | distinct[:, w:]
     weights = np.unpackbits(sites.view(np.uint8), axis=1).sum(axis=1)
-    heavy = weights > np.asarray(limits.max_weight) if limits.max_weight is not None else np.zeros(u, bool)
+    heavy, small, _ = violations(limits, summed, weights)
     mag = xp.abs(summed)
-    small = (mag < np.asarray(limits.min_abs_coeff)) & ~heavy if limits.min_abs_coeff is not None else np.zeros(u, bool)
     keep = ~heavy & ~small
     full = np.zeros((capacity, 2 * w), np.uint32)
     full[:u] = distinct if xp is jnp else np.where(keep[:, None], distinct, 0)  # as the program: no dropped word

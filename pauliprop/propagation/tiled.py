@@ -49,7 +49,7 @@ from . import fused, pairing, schedule
 from ..algebra.overlap import table_overlaps
 from .engine import element_image, layer_rotations, rotation_angle
 from .merge import halves
-from .truncation import Limits, violations
+from .truncation import Limits, Rules, violations
 
 
 class Work(NamedTuple):
@@ -72,8 +72,7 @@ class Config(NamedTuple):
 
     capacity: int
     tile: int
-    rules: tuple  # Truncation.rules: which rules exist (their values are data)
-    per: str
+    rules: Rules  # Truncation.rules: which rules exist and where they act (their values are data: Limits)
     units: tuple  # the unit kinds present (others compile to no-ops)
     clifford: tuple  # Clifford runs as (dense maps, gate tables, quarter turns of generators)
     unroll: int = 1  # clifford.apply_map's bytes an iteration
@@ -230,7 +229,7 @@ def clifford_unit(st: State, u, T, params, limits: Limits, cfg: Config, active) 
     every loop runs no tile."""
     tile = cfg.word_tile
     live = jnp.where(active, st.n, 0)
-    weight_each = cfg.per == "gate" and cfg.rules[0]
+    weight_each = cfg.rules.weight_each_gate
     gate_limits = Limits(max_weight=limits.max_weight) if weight_each else Limits()
 
     def dense(work, dropped):
@@ -481,7 +480,7 @@ def _mix(work: Work, n, layer: Layer, limits: Limits, dropped, turning, cfg: Con
     when the appended words would not fit: returns (work, slots needed (0: it fitted), words
     appended, dropped, words marked gone)."""
     tile = cfg.tile
-    sins_on = cfg.rules[3]
+    sins_on = cfg.rules.max_sins
 
     def spawning(start, work):
         """The tile's words as the pairing left them, and the partners of those without one that the
@@ -562,8 +561,8 @@ def end_rules(kind, limits: Limits, cfg: Config) -> Limits:
     which scale by at most 1, it drops what it would after each), or all of them per layer; the end of
     a step whose rotations deferred their rules (TRUNCATE) all of them; other units none."""
     clifford, channel, truncate = (kind == schedule.U_CLIFFORD), (kind == schedule.U_CHANNEL), (kind == schedule.U_TRUNCATE)
-    weight_each = cfg.per == "gate" and cfg.rules[0]
-    everything = truncate | (channel & (cfg.per == "layer"))
+    weight_each = cfg.rules.weight_each_gate
+    everything = truncate | (channel & (cfg.rules.per == "layer"))
     on = dict(max_weight=everything | (clifford & (not weight_each)), min_abs_coeff=everything | channel,
               max_terms=everything, max_sins=everything)
     return limits.off_unless_each(on)
@@ -630,9 +629,10 @@ def load(work: Work, words, coeffs, n) -> Work:
 
 # ---- the observable's merge, on the host ----------------------------------------------------------------
 
-def host_merge(x: np.ndarray, z: np.ndarray, coeffs: np.ndarray, truncation) -> tuple:
+def host_merge(x: np.ndarray, z: np.ndarray, coeffs: np.ndarray, limits: Limits) -> tuple:
     """Distinct words of the observable with their summed coefficients, the per-term rules applied
-    (numpy: an observable is small). Returns (words (t, 2W), coeffs (t,), dropped (5,))."""
+    (numpy: an observable is small; `limits` in the coefficients' dtype, as the loop compares). Returns
+    (words (t, 2W), coeffs (t,), dropped (5,))."""
     words = np.concatenate([np.asarray(x, np.uint32), np.asarray(z, np.uint32)], axis=1)
     coeffs = np.asarray(coeffs)
     dropped = np.zeros(5)
@@ -643,13 +643,7 @@ def host_merge(x: np.ndarray, z: np.ndarray, coeffs: np.ndarray, truncation) -> 
     np.add.at(summed, inverse.reshape(-1), coeffs)
     w = uniq.shape[1] // 2
     weight = popcount_numpy(uniq[:, :w] | uniq[:, w:]).sum(-1)
-    keep = np.ones(len(uniq), bool)
-    if truncation.max_weight is not None:
-        heavy = weight > truncation.max_weight
-        dropped[0] = np.abs(summed[heavy & keep]).sum()
-        keep &= ~heavy
-    if truncation.min_abs_coeff is not None:
-        small = np.abs(summed) < truncation.min_abs_coeff
-        dropped[1] = np.abs(summed[small & keep]).sum()
-        keep &= ~small
+    heavy, small, _ = violations(limits, summed, weight)
+    dropped[0], dropped[1] = np.abs(summed[heavy]).sum(), np.abs(summed[small]).sum()
+    keep = ~heavy & ~small
     return uniq[keep], summed[keep], dropped

@@ -6,6 +6,7 @@ All rules are combinable; None switches a rule off. Dropped 1-norm is accounted 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -63,16 +64,53 @@ class Truncation:
         return all(getattr(self, f) is None for f in ("max_weight", "min_abs_coeff", "max_terms", "max_sins"))
 
     @property
-    def rules(self) -> tuple[bool, bool, bool, bool]:
-        """Which rules are on (max_weight, min_abs_coeff, max_terms, max_sins): what the compiled
-        program holds code for. Their values are data (`limits`), so one program serves them all."""
-        return tuple(getattr(self, f) is not None for f in ("max_weight", "min_abs_coeff", "max_terms", "max_sins"))
+    def rules(self) -> "Rules":
+        """Which rules are on and where they act: what a compiled program holds code for. Their values
+        are data (`limits`), so one program serves them all."""
+        return Rules(*(getattr(self, f) is not None for f in ("max_weight", "min_abs_coeff", "max_terms", "max_sins")),
+                     per=self.per)
 
     def limits(self, dtype) -> "Limits":
-        """The rules' values as arrays (None for rules that are off)."""
-        f = lambda v, t: None if v is None else np.asarray(v, t)
-        return Limits(f(self.max_weight, np.int32), f(self.min_abs_coeff, dtype), f(self.max_terms, np.int32),
-                      f(self.max_sins, np.int32))
+        """The rules' values as the engines compare with them: 0-d arrays (the weight, term and sine limits
+        int32, min_abs_coeff in the coefficients' dtype), None for rules that are off. Made once a process
+        for each truncation and dtype, read-only."""
+        return _limits(self, np.dtype(dtype).name)
+
+
+@functools.lru_cache(maxsize=256)
+def _limits(truncation: Truncation, dtype: str) -> "Limits":
+    def value(v, t):
+        if v is None:
+            return None
+        a = np.asarray(v, t)
+        a.flags.writeable = False
+        return a
+
+    return Limits(value(truncation.max_weight, np.int32), value(truncation.min_abs_coeff, dtype),
+                  value(truncation.max_terms, np.int32), value(truncation.max_sins, np.int32))
+
+
+class Rules(NamedTuple):
+    """A truncation's static part (`Truncation.rules`): which rules are on, and whether they act after each
+    gate or each step. The engines' Configs carry it; the values are `Limits`."""
+
+    max_weight: bool = False
+    min_abs_coeff: bool = False
+    max_terms: bool = False
+    max_sins: bool = False
+    per: str = "gate"
+
+    @property
+    def weight_each_gate(self) -> bool:
+        """The weight rule acts after every gate of a Clifford run too (per="gate" with max_weight): such
+        runs go gate by gate, where otherwise one map and the rules at the run's end serve."""
+        return self.per == "gate" and self.max_weight
+
+    @property
+    def cut_each_gate(self) -> bool:
+        """The largest-terms cut acts after every splitting gate (per="gate" with max_terms): a global cut,
+        so a layer of rotations cannot be one unit (engine.layers_for)."""
+        return self.per == "gate" and self.max_terms
 
 
 NO_TRUNCATION = Truncation()
@@ -90,25 +128,32 @@ class Limits(NamedTuple):
 
     def off_unless_each(self, on: dict) -> "Limits":
         """Each rule's limit where on[its name], else one that drops nothing (`on`: bools by field name)."""
-        off = dict(max_weight=OFF, min_abs_coeff=0, max_terms=OFF, max_sins=OFF)
         pick = lambda f: None if getattr(self, f) is None else jnp.where(
-            on[f], getattr(self, f), jnp.asarray(off[f], jnp.asarray(getattr(self, f)).dtype))
+            on[f], getattr(self, f), jnp.asarray(DROPS_NOTHING[f], jnp.asarray(getattr(self, f)).dtype))
         return Limits(*(pick(f) for f in self._fields))
 
     def off_unless(self, on) -> "Limits":
         """These limits where `on`, else limits that drop nothing (the rules of a deferred step)."""
-        pick = lambda v, off: None if v is None else jnp.where(on, v, jnp.asarray(off, jnp.asarray(v).dtype))
-        return Limits(pick(self.max_weight, OFF), pick(self.min_abs_coeff, 0), pick(self.max_terms, OFF),
-                      pick(self.max_sins, OFF))
+        return self.off_unless_each(dict.fromkeys(self._fields, on))
+
+    def filled(self) -> "Limits":
+        """Each rule's limit, the value that drops nothing (DROPS_NOTHING) where the rule is off: for code
+        that holds every rule (the native engine's C loops)."""
+        return Limits(*(DROPS_NOTHING[f] if getattr(self, f) is None else getattr(self, f).item() for f in self._fields))
 
 
-def violations(trunc, coeffs, weights, sins):
+DROPS_NOTHING = dict(max_weight=OFF, min_abs_coeff=0.0, max_terms=OFF, max_sins=OFF)  # each rule's value when off
+
+
+def violations(trunc, coeffs, weights, sins=None):
     """Masks (weight, coeff, sins) of the terms each rule drops (a term is charged to its first rule).
-    `trunc`: a Truncation or Limits (fields None where a rule is off)."""
-    false = jnp.zeros(coeffs.shape, bool)
+    `trunc`: a Truncation or Limits (fields None where a rule is off); numpy masks for numpy coefficients
+    (the observable's merge on the host), jax's otherwise; sins None: no path took a sine."""
+    xp = np if isinstance(coeffs, np.ndarray) else jnp
+    false = xp.zeros(coeffs.shape, bool)
     w = weights > trunc.max_weight if trunc.max_weight is not None else false
-    c = (jnp.abs(coeffs) < trunc.min_abs_coeff) & ~w if trunc.min_abs_coeff is not None else false
-    s = (sins > trunc.max_sins) & ~w & ~c if trunc.max_sins is not None else false
+    c = (xp.abs(coeffs) < trunc.min_abs_coeff) & ~w if trunc.min_abs_coeff is not None else false
+    s = (sins > trunc.max_sins) & ~w & ~c if trunc.max_sins is not None and sins is not None else false
     return w, c, s
 
 

@@ -216,7 +216,7 @@ def test_every_word_stays_in_the_bucket_its_functionals_give():
         at, layouts = native.Progress(1, 0, 0, 3), 0
         while True:
             at = native.run(tables, ws, hashes, at.unit, at.step, np.cos(angles), np.sin(angles),
-                            prop._native_limits(truncation), False, truncation.max_weight is not None,
+                            truncation.limits(np.float64), truncation.rules,
                             np.zeros(low.units.length, np.int32), np.zeros(5), at.peak)
             if at.need == 0:
                 break
@@ -262,7 +262,7 @@ def test_a_layout_on_threads_puts_every_word_where_one_thread_does(monkeypatch, 
 
 
 def _observable_words(h: pp.PauliSum):
-    words, coeffs, _ = prop.tiled.host_merge(h.x, h.z, h.coeffs, pp.Truncation())
+    words, coeffs, _ = prop.tiled.host_merge(h.x, h.z, h.coeffs, pp.Truncation().limits(np.float64))
     return words, coeffs
 
 

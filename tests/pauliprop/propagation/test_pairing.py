@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pauliprop.algebra import words as W
 from pauliprop.propagation import pairing, tiled
+from pauliprop.propagation.truncation import Rules
 
 CAPACITY = 256
 
@@ -48,7 +49,7 @@ def test_every_turning_word_finds_its_partner(tile, lanes, n, seed):
     words = np.zeros((CAPACITY, 2 * lanes), np.uint32)
     words[:n] = pool
     work = tiled.empty_work(CAPACITY, lanes, jnp.float64)._replace(words=jnp.asarray(words))
-    cfg = tiled.Config(capacity=CAPACITY, tile=tile, rules=(False,) * 4, per="gate", units=(), clifford=(False,) * 3)
+    cfg = tiled.Config(capacity=CAPACITY, tile=tile, rules=Rules(), units=(), clifford=(False,) * 3)
     work, turning, most = jax.jit(lambda w, k: pairing.pair(w, k, _turn(g), cfg))(work, jnp.int32(n))
     partner = np.asarray(work.partner)[:n]
     gen = np.concatenate([g[:, 0], g[:, 1]])

@@ -219,13 +219,15 @@ def test_propagate_returns_the_live_terms():
 
 
 def test_host_merge_sums_duplicates_and_applies_the_rules():
-    x = np.array([[1], [1], [2], [0]], np.uint32)
-    z = np.array([[0], [0], [2], [0]], np.uint32)
-    words, coeffs, dropped = tiled.host_merge(x, z, np.array([0.5, 0.25, 1e-4, 2.0]),
-                                              pp.Truncation(min_abs_coeff=1e-3))
+    """Duplicates are summed before the rules; a term both too heavy and too small is charged to the
+    weight rule (its first), as the loop charges it."""
+    x = np.array([[1], [1], [2], [0], [3]], np.uint32)
+    z = np.array([[0], [0], [2], [0], [0]], np.uint32)
+    limits = pp.Truncation(min_abs_coeff=1e-3, max_weight=1).limits(np.float64)
+    words, coeffs, dropped = tiled.host_merge(x, z, np.array([0.5, 0.25, 1e-4, 2.0, 1e-5]), limits)
     got = {tuple(w): c for w, c in zip(words.tolist(), coeffs.tolist())}
     assert got == {(1, 0): 0.75, (0, 0): 2.0}
-    assert dropped[1] == pytest.approx(1e-4)
+    assert dropped[0] == pytest.approx(1e-5) and dropped[1] == pytest.approx(1e-4)
 
 
 def test_layer_passes_follow_the_layers_order():

@@ -62,6 +62,36 @@ def test_violations_charge_each_term_to_its_first_rule():
     np.testing.assert_array_equal(c, [0, 0, 1, 0, 1, 0])
     np.testing.assert_array_equal(s, [0, 0, 0, 1, 0, 0])
     assert not np.any(w & c) and not np.any(w & s) and not np.any(c & s)
+    # the host's merge (numpy coefficients) charges the same terms, with numpy masks
+    host = T.violations(trunc.limits(np.float64), np.asarray(coeffs), np.asarray(weights), np.asarray(sins))
+    assert all(isinstance(m, np.ndarray) for m in host)
+    for a, b in zip(host, (w, c, s)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(max_weight=3), dict(max_weight=3, per="layer"), dict(max_terms=10),
+                                    dict(max_terms=10, per="layer"), dict(min_abs_coeff=1e-3, max_sins=2)])
+def test_rules_and_limits_say_the_same_as_the_truncation(kwargs):
+    """Truncation.rules (the programs' static part) and .limits (their data) carry every rule: on where it
+    is given, its value where on; the weight rule acts gate by gate, and the cut is global, only per gate."""
+    trunc = pp.Truncation(**kwargs)
+    rules, limits = trunc.rules, trunc.limits(np.float32)
+    fields = ("max_weight", "min_abs_coeff", "max_terms", "max_sins")
+    for f in fields:
+        assert getattr(rules, f) == (f in kwargs) == (getattr(limits, f) is not None)
+        if f in kwargs:
+            assert getattr(limits, f).item() == pytest.approx(kwargs[f], rel=1e-6)
+    assert rules.per == trunc.per
+    assert rules.weight_each_gate == ("max_weight" in kwargs and trunc.per == "gate")
+    assert rules.cut_each_gate == ("max_terms" in kwargs and trunc.per == "gate")
+    assert limits.min_abs_coeff is None or limits.min_abs_coeff.dtype == np.float32
+    assert trunc.limits(np.float32) is limits  # made once a process
+    for a in (a for a in limits if a is not None):  # shared by every call: read-only
+        with pytest.raises(ValueError):
+            a[...] = 0
+    filled = limits.filled()
+    for f in fields:
+        assert getattr(filled, f) == (getattr(limits, f).item() if f in kwargs else T.DROPS_NOTHING[f])
 
 
 # ---- keep_largest ----------------------------------------------------------------------------------
