@@ -8,7 +8,11 @@ temporary directory), so compilations are included:
             `shots` bit-packed shots with separated observables): total wall time, time per task,
             and for ours the programs compiled (JAX's compile log, benchtools.watch_compilations);
             ours again in a second process on the cache the first one filled ("ours_cached": what
-            a user's next sweep costs)
+            a user's next sweep costs). With a GPU, also NVIDIA cuStabilizer ("custabilizer",
+            cuquantum.stabilizer 26.x, where it imports): its frame simulator's measurement flips on
+            the GPU, copied to the host bit-packed and made detection events and observable flips by
+            Stim's converter (`detections_from_flips`), the data the other two give; its GPU part
+            alone is `gpu_s` a task
   sinter    sinter.collect over the 16 tasks with decoders=["ours"] and
             custom_decoders={"ours": stabilizer.SinterSampler()} (PyMatching), and with sinter's
             default (stim + PyMatching), both num_workers=1 and max_shots=`shots`: wall time, the
@@ -20,7 +24,11 @@ temporary directory), so compilations are included:
 Writes experiments/results/qec_sweep_<backend>_<date>.json (hardware, date, git commit) and, with
 matplotlib, a threshold plot beside it.
 
-    python experiments/qec_sweep.py [--shots 100000] [--out PATH]
+    python experiments/qec_sweep.py [--shots 100000] [--tools ours,stim,custabilizer] [--out PATH]
+
+The workers run on the parent's JAX platform (a GPU where there is one). Until 2026-12-07 they were
+forced to the CPU (JAX_PLATFORMS=cpu): the H200 run of 2026-11-28 sampled ours on that machine's 16
+CPU cores, not its GPU.
 
 Measured 2026-11-28 on the 2-core CPU (shared with another job's test runs), full 1e5 shots a task
 (qec_sweep_cpu_2026-11-28.json): sampling the 16 tasks took ours 21.1 s on an empty cache (37
@@ -65,11 +73,18 @@ def sampling_worker(tool: str, shots: int) -> dict:
     """Sample every task once in this process: wall times and (ours) compilations."""
     compiles, hits, stages = benchtools.watch_compilations()
     t_import = time.perf_counter()
+    gpu_s = []
     if tool == "ours":
         import stabilizer as st
 
         def sample(c):
             return st.compile_detector_sampler(st.Circuit(c)).sample(shots, separate_observables=True, bit_packed=True)
+    elif tool == "custabilizer":
+        def sample(c):
+            t = time.perf_counter()
+            flips = custabilizer_flips(c, shots)
+            gpu_s.append(time.perf_counter() - t)
+            return detections_from_flips(c, flips, shots)
     else:
         def sample(c):
             return c.compile_detector_sampler().sample(shots, separate_observables=True, bit_packed=True)
@@ -81,10 +96,38 @@ def sampling_worker(tool: str, shots: int) -> dict:
             n0, t = len(compiles), time.perf_counter()
             dets, _ = sample(c)
             tasks.append({"d": d, "p": p, "seconds": time.perf_counter() - t, "compiled": len(compiles) - n0,
+                          **({"gpu_s": gpu_s[-1]} if gpu_s else {}),
                           "detection_rate": float(sum(bin(b).count("1") for b in dets[:2000].ravel().tolist()))
                           / (2000 * c.num_detectors)})
     return {"tool": tool, "import_s": import_s, "total_s": time.perf_counter() - t0, "compiled": len(compiles),
             "cache_hits": len(hits), "compile_stages_s": stages, "tasks": tasks}
+
+
+def custabilizer_flips(c, shots: int):
+    """NVIDIA cuStabilizer's measurement flips of `shots` frames of circuit c (a stim.Circuit), on the host,
+    bit-packed as it gives them: (measurements, shot bytes), shots little-endian in each byte. A fresh
+    FrameSimulator a task (its tables start from zero frames), as stabilizer_bench.custabilizer_surface."""
+    import inspect
+
+    import cupy as cp
+    from cuquantum.stabilizer import Circuit, FrameSimulator
+
+    extra = {"num_detectors": c.num_detectors} if "num_detectors" in inspect.signature(FrameSimulator).parameters else {}
+    sim = FrameSimulator(c.num_qubits, shots, c.num_measurements, package="cupy", **extra)
+    sim.apply(Circuit(str(c)))
+    return cp.asnumpy(sim.get_measurement_bits(bit_packed=True))[:c.num_measurements]
+
+
+def detections_from_flips(c, flips, shots: int) -> tuple:
+    """(detection events, observable flips), bit-packed a shot a row as Stim's detector sampler gives them,
+    from a frame simulator's packed measurement flips ((measurements, shot bytes), shots little-endian):
+    the flips XOR the circuit's noiseless reference sample, through Stim's measurements-to-detections
+    converter."""
+    import numpy as np
+
+    bits = np.unpackbits(np.asarray(flips, np.uint8), axis=1, count=shots, bitorder="little").T
+    measured = bits.astype(bool) ^ c.reference_sample()[None, :]
+    return c.compile_m2d_converter().convert(measurements=measured, separate_observables=True, bit_packed=True)
 
 
 def sinter_counts_numpy_integers() -> bool:
@@ -145,6 +188,15 @@ if _sinter is not None:
                                          count_detection_events=False, tmp_dir=None).compiled_sampler_for_task(task)
 
 
+def custabilizer_imports() -> bool:
+    try:
+        import cupy  # noqa: F401
+        from cuquantum.stabilizer import FrameSimulator  # noqa: F401
+    except Exception:  # no GPU, or no cuQuantum: the column is left out
+        return False
+    return True
+
+
 def sinter_run(tool: str, shots: int) -> dict:
     """sinter.collect over the tasks with our sampler or sinter's default: wall time and stats. Where
     sinter's default fails on numpy's integers (`sinter_counts_numpy_integers`), the default's own
@@ -173,7 +225,7 @@ def isolated(mode: str, tool: str, shots: int, cache: str | None = None) -> dict
     temporary directory); count the programs in it afterwards."""
     with tempfile.TemporaryDirectory() as fresh:
         cache = cache or fresh
-        env = os.environ | {"PAULIPROP_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
+        env = os.environ | {"PAULIPROP_CACHE_DIR": cache}
         env.pop("PAULIPROP_NO_CACHE", None)
         cmd = [sys.executable, __file__, "--child", mode, tool, "--shots", str(shots)]
         record = benchtools.child_record(cmd, 3600, env, 4000, mode=mode, tool=tool)
@@ -181,11 +233,14 @@ def isolated(mode: str, tool: str, shots: int, cache: str | None = None) -> dict
     return record
 
 
-def sampling_runs(shots: int) -> dict:
-    """Stim's sampling, ours on an empty cache, and ours again on the cache that run filled."""
+def sampling_runs(shots: int, tools: list) -> dict:
+    """Stim's sampling, ours on an empty cache, ours again on the cache that run filled, and the other tools."""
+    runs = {}
     with tempfile.TemporaryDirectory() as cache:
-        return {"ours": isolated("sampling", "ours", shots, cache), "ours_cached": isolated("sampling", "ours", shots, cache),
-                "stim": isolated("sampling", "stim", shots)}
+        if "ours" in tools:
+            runs = {"ours": isolated("sampling", "ours", shots, cache),
+                    "ours_cached": isolated("sampling", "ours", shots, cache)}
+    return runs | {t: isolated("sampling", t, shots) for t in tools if t != "ours"}
 
 
 def sigma_apart(a: dict, b: dict) -> float:
@@ -217,6 +272,8 @@ def plot(result: dict, path: Path) -> Path | None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shots", type=int, default=100_000)
+    ap.add_argument("--tools", default="ours,stim,custabilizer",
+                    help="samplers: ours, stim, custabilizer (a GPU's; left out where cuquantum does not import)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", nargs=2, metavar=("MODE", "TOOL"))
     args = ap.parse_args()
@@ -225,9 +282,11 @@ def main():
         out = sampling_worker(tool, args.shots) if mode == "sampling" else sinter_run(tool, args.shots)
         print(json.dumps(out))
         return
-    result = {"environment": benchtools.environment(("stim", "sinter", "pymatching")), "git": benchtools.git_state(),
-              "shots": args.shots, "distances": DISTANCES, "probabilities": PROBABILITIES,
-              "sampling": sampling_runs(args.shots),
+    tools = [t for t in args.tools.split(",") if t != "custabilizer" or custabilizer_imports()]
+    result = {"environment": benchtools.environment(("stim", "sinter", "pymatching", "cuquantum-python-cu12",
+                                                     "cuquantum-python-cu13")),
+              "git": benchtools.git_state(), "shots": args.shots, "distances": DISTANCES,
+              "probabilities": PROBABILITIES, "sampling": sampling_runs(args.shots, tools),
               "sinter": {t: isolated("sinter", t, args.shots) for t in ("ours", "stim")}}
     ours, stim_ = (result["sinter"][t].get("tasks", []) for t in ("ours", "stim"))
     result["error_rates"] = [{"d": a["d"], "p": a["p"], "ours": a["errors"] / a["shots"], "stim": b["errors"] / b["shots"],
@@ -235,10 +294,10 @@ def main():
     s = result["sampling"]
     result["summary"] = {
         "sampling_total_s": {t: s[t].get("total_s") for t in s},
-        "sampling_ratio_to_stim": {t: s[t].get("total_s", 0) / max(s["stim"].get("total_s", 1e-9), 1e-9)
-                                   for t in ("ours", "ours_cached")},
-        "sampling_compiled": {t: s[t].get("compiled") for t in ("ours", "ours_cached")},
-        "sampling_compile_s": {t: s[t].get("compile_stages_s") for t in ("ours", "ours_cached")},
+        "sampling_ratio_to_stim": {t: s[t].get("total_s", 0) / max(s.get("stim", {}).get("total_s", 1e-9), 1e-9)
+                                   for t in s if t != "stim"},
+        "sampling_compiled": {t: s[t].get("compiled") for t in ("ours", "ours_cached") if t in s},
+        "sampling_compile_s": {t: s[t].get("compile_stages_s") for t in ("ours", "ours_cached") if t in s},
         "sinter_wall_s": {t: result["sinter"][t].get("wall_s") for t in ("ours", "stim")},
         "sinter_programs_compiled_ours": result["sinter"]["ours"]["programs_in_cache"],
         "max_sigma_apart": max((r["sigma_apart"] for r in result["error_rates"]), default=None)}

@@ -226,6 +226,9 @@ def page() -> str:
                      f"{d['summary']['max_sigma_apart']:.1f}", f"`{f}`", _command(d)])
     lines += _grid(["hardware, date", "ours: sampling, empty cache", "filled cache", "Stim", "sinter.collect: ours / stim",
                     "largest rate difference (sigma)", "results", "command"], body)
+    lines += ["", "The H200 row's samplers ran on that machine's 16 CPU cores, not its GPU: the script's workers were "
+              "forced to the CPU (JAX_PLATFORMS=cpu) until 2026-12-07. Its GPU run, with cuStabilizer beside, is "
+              "owed."]
     lines += ["", "### The README's other headline figures", ""]
     lines += _grid(TABLE_HEAD + ["command"], [row + [_command(d)] for row, d in _other_rows()])
     return "\n".join(lines + ["", PAGE_END])
