@@ -1162,15 +1162,22 @@ def traced_lowering(circuit: Circuit, observable: PauliSum, truncation: Truncati
                     backend: str | None = None) -> Lowered:
     """The lowering of a traced estimate (pp.expectation under jit, grad or vmap) at this capacity."""
     backend = backend or devices.backend()
-    return lowered(circuit, truncation, backend, layers=engine.layers_for(backend, truncation.rules, traced_capacity=capacity),
-                   support=observable_support(observable))
+    layers = engine.layers_for(backend, truncation.rules, traced_capacity=capacity)
+    return lowered(circuit, truncation, backend, layers=layers, support=observable_support(observable))
+
+
+def traced_program(circuit: Circuit, observable: PauliSum, truncation: Truncation, capacity: int, backend: str,
+                   merged: bool = True) -> tuple:
+    """(Lowered, engine.Config, adjoint.RecordRows): what a traced estimate's program is made of at this
+    capacity. merged: the observable's merge ran before it (`_merged_on_host`)."""
+    low = traced_lowering(circuit, observable, truncation, capacity, backend)
+    cfg = config(low, truncation, capacity, False, backend, merged=merged)
+    return low, cfg, adjoint.record_shape(low.units, low.schedule, truncation)
 
 
 def gradient_records(circuit: Circuit, observable: PauliSum, truncation: Truncation, capacity: int) -> tuple:
     """(adjoint.RecordRows, bytes of the full record stack of one parameter set) of a traced gradient."""
-    low = traced_lowering(circuit, observable, truncation, capacity)
-    rows = adjoint.record_shape(low.units, low.schedule, truncation)
-    cfg = config(low, truncation, capacity, False, devices.backend(), merged=True)
+    _, cfg, rows = traced_program(circuit, observable, truncation, capacity, devices.backend())
     return rows, rows.full * adjoint.row_bytes(cfg, jnp.result_type(float), observable.num_lanes)
 
 
@@ -1214,13 +1221,11 @@ def _traced_estimate(circuit, observable, params, truncation, capacity, initial_
     cap = capacity if capacity is not None else (initial_capacity or default_capacity(observable, truncation))
     if cap < 1 or cap < len(observable):
         raise ValueError(f"capacity {cap} is smaller than the observable's {len(observable)} terms")
-    low = traced_lowering(circuit, observable, truncation, cap, backend)
     p = params_array(params, circuit.num_params, dtype)
     buf = _merged_on_host(observable, truncation, cap, dtype)
     merged = buf is not None
     buf = buf if merged else _initial_buffer(observable, cap, dtype)
-    cfg = config(low, truncation, cap, False, backend, merged=merged)
-    rows = adjoint.record_shape(low.units, low.schedule, truncation)
+    low, cfg, rows = traced_program(circuit, observable, truncation, cap, backend, merged)
     words = (buf.words, buf.meta)
     val, (dropped, unit_terms, peak) = _estimate_jit(low.tables, words, buf.coeffs, p, truncation.limits(dtype),
                                                      table, cfg=cfg, rows=rows)
