@@ -12,7 +12,8 @@ temporary directory), so compilations are included:
             cuquantum.stabilizer 26.x, where it imports): its frame simulator's measurement flips on
             the GPU, copied to the host bit-packed and made detection events and observable flips by
             Stim's converter (`detections_from_flips`), the data the other two give; its GPU part
-            alone is `gpu_s` a task
+            alone is `gpu_s` a task. "ours-host": ours with STABILIZER_NATIVE=host, the C loops on
+            the host's cores beside the GPU (nothing compiled), for the GPU machine's comparison
   sinter    sinter.collect over the 16 tasks with decoders=["ours"] and
             custom_decoders={"ours": stabilizer.SinterSampler()} (PyMatching), and with sinter's
             default (stim + PyMatching), both num_workers=1 and max_shots=`shots`: wall time, the
@@ -74,7 +75,7 @@ def sampling_worker(tool: str, shots: int) -> dict:
     compiles, hits, stages = benchtools.watch_compilations()
     t_import = time.perf_counter()
     gpu_s = []
-    if tool == "ours":
+    if tool in ("ours", "ours-host"):
         import stabilizer as st
 
         def sample(c):
@@ -226,6 +227,8 @@ def isolated(mode: str, tool: str, shots: int, cache: str | None = None) -> dict
     with tempfile.TemporaryDirectory() as fresh:
         cache = cache or fresh
         env = os.environ | {"PAULIPROP_CACHE_DIR": cache}
+        if tool == "ours-host":
+            env["STABILIZER_NATIVE"] = "host"
         env.pop("PAULIPROP_NO_CACHE", None)
         cmd = [sys.executable, __file__, "--child", mode, tool, "--shots", str(shots)]
         record = benchtools.child_record(cmd, 3600, env, 4000, mode=mode, tool=tool)
@@ -273,7 +276,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shots", type=int, default=100_000)
     ap.add_argument("--tools", default="ours,stim,custabilizer",
-                    help="samplers: ours, stim, custabilizer (a GPU's; left out where cuquantum does not import)")
+                    help="samplers: ours, ours-host (STABILIZER_NATIVE=host), stim, custabilizer (a GPU's; left out "
+                         "where cuquantum does not import)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", nargs=2, metavar=("MODE", "TOOL"))
     args = ap.parse_args()

@@ -28,7 +28,8 @@ second process (a sinter worker, the next script) loads the samplers' programs f
 are keyed by bucketed sizes with probabilities, targets, detectors and repeat counts as data, so the
 tasks of a threshold sweep share them. On CPUs the samplers compile nothing: where the package was
 installed with a C compiler they run as C loops (stabilizer/frames/native.py; STABILIZER_NATIVE=0 runs
-the JAX programs instead, STABILIZER_NATIVE_THREADS sets their threads).
+the JAX programs instead, STABILIZER_NATIVE=host runs the C loops on the host's cores beside a GPU too,
+STABILIZER_NATIVE_THREADS sets their threads).
 """
 
 from .circuits.circuit import (

@@ -12,7 +12,7 @@
   sampler       `compile_sampler`, `compile_detector_sampler`: a noiseless reference shot on the
                 tableau, then frames for all shots in chunks; the outputs (XORs of record rows, a bit
                 transpose to Stim's shot-major layouts) built on the device. On CPUs with the C library
-                (`native_engine`; STABILIZER_NATIVE=0 turns it off) both run in native
+                (`native_engine`; STABILIZER_NATIVE=0 turns it off, =host on beside a GPU) both run in native
 
 Imports stabilizer.tableau (the reference shot, the kernel mode and word helpers) and
 stabilizer.circuits. The names of frames.py and the samplers are this package's too, as

@@ -11,11 +11,12 @@ the program is keyed by the flat program's bucketed sizes (`program.flatten`) an
 index tables, not by the circuit: samplers of circuits that differ in probabilities, targets or repeat
 counts within those buckets reuse it (a threshold sweep over p compiles once).
 
-On CPUs, where the C library is built (`native_engine`; STABILIZER_NATIVE=0 turns it off), the
-reference shot and the frames run as C loops instead (`stabilizer.frames.native`, the same flat program):
-nothing is compiled, a sampler's first call costs what its later ones do, and the outputs are written
-straight into the host arrays (on_device=True puts them on the device afterwards). Its shots for a seed
-are not the JAX program's (as the GPU kernel's are not). GPUs run the JAX programs as before.
+On CPUs, where the C library is built (`native_engine`; STABILIZER_NATIVE=0 turns it off, =host
+turns it on beside a GPU too), the reference shot and the frames run as C loops instead
+(`stabilizer.frames.native`, the same flat program): nothing is compiled, a sampler's first call costs
+what its later ones do, and the outputs are written straight into the host arrays (on_device=True puts
+them on the device afterwards). Its shots for a seed are not the JAX program's (as the GPU kernel's are
+not). GPUs run the JAX programs unless STABILIZER_NATIVE is host.
 
 Output layouts follow Stim: (shots, bits) of bool, or bit-packed (shots, ceil(bits / 8)) uint8 rows
 with little-endian bits. They are built on the device from the record (rows of bits, shots along
@@ -57,7 +58,9 @@ def _device_chunk_bytes() -> int:
 
 # ---- the engine: C loops on CPUs (native.py), else the JAX programs ---------------------------------------
 
-NATIVE = "STABILIZER_NATIVE"  # set to 0 to run CPUs' samplers on the JAX programs although the C library is built
+NATIVE = "STABILIZER_NATIVE"  # 0: CPUs' samplers run the JAX programs although the C library is built; 1 (the
+#   default): the C loops where JAX's backend is the CPU; host: the C loops on the host's cores beside a GPU too
+NATIVE_MODES = ("0", "1", "host")
 
 
 @cache
@@ -70,9 +73,14 @@ def _native_module():
 
 
 def native_engine():
-    """native.py where samplers run on it (CPUs, its C library built, STABILIZER_NATIVE not 0), else None.
-    Read when a sampler is built (and by `reference_sample`)."""
-    if os.environ.get(NATIVE, "1") == "0" or jax.default_backend() != "cpu":
+    """native.py where samplers run on it (its C library built; CPUs unless STABILIZER_NATIVE is 0; beside a
+    GPU where it is `host`), else None. Read when a sampler is built (and by `reference_sample`). `host`
+    serves many small one-off samplers, a sweep's, which the C loops answer with nothing to compile where a
+    GPU compiles each circuit's programs; its shots for a seed are the C loops' wherever they run."""
+    mode = os.environ.get(NATIVE, "1")
+    if mode not in NATIVE_MODES:
+        raise ValueError(f"{NATIVE} must be one of {', '.join(NATIVE_MODES)}, not {mode!r}")
+    if mode == "0" or (mode == "1" and jax.default_backend() != "cpu"):
         return None
     return _native_module()
 

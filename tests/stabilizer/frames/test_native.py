@@ -311,6 +311,25 @@ def test_stabilizer_native_0_runs_the_jax_programs(monkeypatch):
     assert s.engine == "jax" and s.sample(40).all()
 
 
+def test_stabilizer_native_host_runs_the_c_loops_beside_a_gpu(monkeypatch):
+    """STABILIZER_NATIVE picks the engine: by default the C loops only where JAX's backend is the CPU, `host`
+    wherever it is (the same shots for a seed), 0 never; another value is refused, naming the variable."""
+    c = Circuit(stim.Circuit.generated("repetition_code:memory", distance=3, rounds=3,
+                                       before_measure_flip_probability=0.1))
+    want = S.compile_detector_sampler(c, seed=3).sample(64, bit_packed=True)
+    monkeypatch.setattr(S.jax, "default_backend", lambda: "gpu")  # a GPU machine, as the engine choice sees it
+    assert S.native_engine() is None
+    monkeypatch.setenv(S.NATIVE, "host")
+    s = S.compile_detector_sampler(c, seed=3)
+    assert s.engine == "native"
+    np.testing.assert_array_equal(s.sample(64, bit_packed=True), want)
+    monkeypatch.setenv(S.NATIVE, "0")
+    assert S.native_engine() is None
+    monkeypatch.setenv(S.NATIVE, "yes")
+    with pytest.raises(ValueError, match="STABILIZER_NATIVE must be one of 0, 1, host, not 'yes'"):
+        S.compile_detector_sampler(c)
+
+
 def test_without_the_library_the_samplers_run_the_jax_programs():
     """A process where the C library cannot be imported (as after an install without a C compiler) samples
     with the JAX programs, and its reference sample is Stim's."""
