@@ -629,20 +629,27 @@ def load(work: Work, words, coeffs, n) -> Work:
 
 # ---- the observable's merge, on the host ----------------------------------------------------------------
 
+def distinct_words(x, z) -> tuple:
+    """An observable's words (x and z lanes, (t, W) each) without duplicates, on the host: (the distinct
+    words (u, 2W) in np.unique's order, each term's index among them (t,), their Pauli weights (u,))."""
+    t = len(x)
+    words = np.concatenate([np.asarray(x, np.uint32).reshape(t, -1), np.asarray(z, np.uint32).reshape(t, -1)], 1)
+    uniq, inverse = np.unique(words, axis=0, return_inverse=True)
+    w = uniq.shape[1] // 2
+    return uniq, inverse.reshape(-1), popcount_numpy(uniq[:, :w] | uniq[:, w:]).sum(-1)
+
+
 def host_merge(x: np.ndarray, z: np.ndarray, coeffs: np.ndarray, limits: Limits) -> tuple:
     """Distinct words of the observable with their summed coefficients, the per-term rules applied
     (numpy: an observable is small; `limits` in the coefficients' dtype, as the loop compares). Returns
     (words (t, 2W), coeffs (t,), dropped (5,))."""
-    words = np.concatenate([np.asarray(x, np.uint32), np.asarray(z, np.uint32)], axis=1)
     coeffs = np.asarray(coeffs)
     dropped = np.zeros(5)
-    if len(words) == 0:
-        return words, coeffs, dropped
-    uniq, inverse = np.unique(words, axis=0, return_inverse=True)
+    if len(coeffs) == 0:
+        return np.concatenate([np.asarray(x, np.uint32), np.asarray(z, np.uint32)], axis=1), coeffs, dropped
+    uniq, inverse, weight = distinct_words(x, z)
     summed = np.zeros(len(uniq), coeffs.dtype)
-    np.add.at(summed, inverse.reshape(-1), coeffs)
-    w = uniq.shape[1] // 2
-    weight = popcount_numpy(uniq[:, :w] | uniq[:, w:]).sum(-1)
+    np.add.at(summed, inverse, coeffs)
     heavy, small, _ = violations(limits, summed, weight)
     dropped[0], dropped[1] = np.abs(summed[heavy]).sum(), np.abs(summed[small]).sum()
     keep = ~heavy & ~small
